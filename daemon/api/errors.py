@@ -1,0 +1,93 @@
+"""Every error leaves the API in OpenAI's shape: {"error": {message, type, param, code}}.
+
+Exceptions are translated once, here; handlers raise ApiError (or CoreError from
+the core) and never build error responses themselves. Unexpected exceptions are
+logged with their traceback and answered with a generic 500 that leaks nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, TypeVar
+
+import msgspec
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+
+from daemon.core import CoreError
+
+log = logging.getLogger("agentd.api")
+T = TypeVar("T")
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 409: "conflict_error", 413: "invalid_request_error",
+          429: "rate_limit_error", 503: "service_unavailable"}
+
+
+class ApiError(Exception):
+    def __init__(
+        self, status: int, message: str, code: str = "invalid_request", param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.headers = headers or {}
+
+
+def error_body(status: int, message: str, code: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": _TYPES.get(status, "api_error"),
+                      "param": param, "code": code}}
+
+
+def _respond(status: int, message: str, code: str, param: str | None = None,
+             headers: dict[str, str] | None = None) -> Response[Any]:
+    return Response(error_body(status, message, code, param), status_code=status, headers=headers)
+
+
+def api_error_handler(_: Request[Any, Any, Any], exc: ApiError) -> Response[Any]:
+    return _respond(exc.status, exc.message, exc.code, exc.param, exc.headers)
+
+
+def core_error_handler(_: Request[Any, Any, Any], exc: CoreError) -> Response[Any]:
+    return _respond(exc.status, str(exc), exc.code)
+
+
+def http_error_handler(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+    message = exc.detail
+    if isinstance(exc, ValidationException) and exc.extra:
+        message = f"{exc.detail}: {exc.extra}"
+    code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(
+        exc.status_code, "invalid_request")
+    if exc.status_code == 413:
+        message = "request body is larger than the configured limit (max_body_bytes)"
+    return _respond(exc.status_code, str(message), code)
+
+
+def internal_error_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return _respond(500, "internal error; the daemon log has the details", "internal_error")
+
+
+EXCEPTION_HANDLERS: dict[Any, Any] = {
+    ApiError: api_error_handler,
+    CoreError: core_error_handler,
+    HTTPException: http_error_handler,
+    Exception: internal_error_handler,
+}
+
+
+def decode_body(body: bytes, kind: type[T]) -> T:
+    """Decode JSON into a struct; the error names the field that is wrong."""
+    if not body:
+        raise ApiError(400, "request body is empty; expected a JSON object", "invalid_json")
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        param = text.split("`$.", 1)[1].split("`", 1)[0] if "`$." in text else None
+        raise ApiError(400, f"invalid request: {text}", "invalid_value", param) from exc
+    except msgspec.DecodeError as exc:
+        raise ApiError(400, f"malformed JSON: {exc}", "invalid_json") from exc

@@ -1,0 +1,181 @@
+"""REST API for the consoles: workers, programs, sessions, traces, health, metrics."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from litestar import Controller, MediaType, Response, get, post
+from litestar.params import Parameter
+
+from daemon.api.errors import ApiError
+from daemon.core import Core
+from daemon.metrics import Exposition
+from db import repositories as repo
+
+_STATUSES = ("QUEUED", "REASONING", "ACTING", "PAUSED", "STOPPED", "FAILED")
+
+
+def worker_view(core: Core, w: Any) -> dict[str, Any]:
+    stats = w.stats
+    return {
+        "id": w.id, "engine": w.engine, "model": w.model, "status": w.status,
+        "kv_capacity_tokens": w.kv_capacity_tokens, "block_size": w.block_size,
+        "max_batch": w.max_batch, "pid": w.pid, "host": w.host,
+        "inflight": len(w.inflight), "last_seen_s_ago": round(time.time() - w.last_seen, 3),
+        "stats": None if stats is None else {
+            f: getattr(stats, f) for f in stats.__struct_fields__},
+    }
+
+
+class RestController(Controller):
+    path = "/v1"
+    tags = ["agentd"]
+
+    @get("/workers", summary="Engine workers and their live stats")
+    async def workers(self, core: Core) -> dict[str, Any]:
+        return {"data": [worker_view(core, w) for w in core.workers.values()]}
+
+    @get("/programs", summary="Programs, newest first")
+    async def programs(
+        self, core: Core,
+        status: str | None = None,
+        session_id: str | None = Parameter(query="session", default=None),
+        limit: int = Parameter(default=100, ge=1, le=1000),
+        offset: int = Parameter(default=0, ge=0),
+    ) -> dict[str, Any]:
+        if status is not None and status.upper() not in _STATUSES:
+            raise ApiError(400, f"status must be one of {', '.join(_STATUSES)}", param="status")
+        await core.writer.flush()
+        async with core.sessions() as s:
+            rows, total = await repo.list_programs(s, status, session_id, limit, offset)
+        return {"data": [_live(core, r) for r in rows], "total": total}
+
+    @get("/programs/{program_id:str}", summary="One program with its requests")
+    async def program(self, core: Core, program_id: str) -> dict[str, Any]:
+        await core.writer.flush()
+        async with core.sessions() as s:
+            row = await repo.get_program(s, program_id)
+        if row is None:
+            raise ApiError(404, f"unknown program '{program_id}'", "not_found")
+        return _live(core, row)
+
+    @post("/programs/{program_id:str}/release", status_code=200,
+          summary="End a program: STOPPED, its resources released")
+    async def release(self, core: Core, program_id: str) -> dict[str, Any]:
+        program = await core.release_program(program_id)
+        return {"id": program.id, "status": program.status.value}
+
+    @get("/sessions", summary="Sessions, newest first")
+    async def sessions(
+        self, core: Core,
+        limit: int = Parameter(default=100, ge=1, le=1000),
+        offset: int = Parameter(default=0, ge=0),
+    ) -> dict[str, Any]:
+        await core.writer.flush()
+        async with core.sessions() as s:
+            rows, total = await repo.list_sessions(s, limit, offset)
+        return {"data": rows, "total": total}
+
+    @get("/sessions/{session_id:str}", summary="One session with its programs")
+    async def session(self, core: Core, session_id: str) -> dict[str, Any]:
+        await core.writer.flush()
+        async with core.sessions() as s:
+            row = await repo.get_session(s, session_id)
+        if row is None:
+            raise ApiError(404, f"unknown session '{session_id}'", "not_found")
+        row["programs"] = [_live(core, p) for p in row["programs"]]
+        return row
+
+    @get("/sessions/{session_id:str}/trace", summary="The session's trace events, oldest first")
+    async def trace(
+        self, core: Core, session_id: str,
+        after: int = Parameter(default=0, ge=0, description="return events with id > after"),
+        limit: int = Parameter(default=500, ge=1, le=5000),
+    ) -> dict[str, Any]:
+        await core.writer.flush()
+        async with core.sessions() as s:
+            if await repo.get_session(s, session_id) is None:
+                raise ApiError(404, f"unknown session '{session_id}'", "not_found")
+            events = await repo.trace_events(s, session_id, after, limit)
+        next_after = events[-1]["id"] if len(events) == limit else None
+        return {"data": events, "next_after": next_after}
+
+
+def _live(core: Core, row: dict[str, Any]) -> dict[str, Any]:
+    """Overlay the in-memory state, which is newer than the last flush."""
+    live = core.programs.get(row["id"])
+    if live is not None:
+        row.update(status=live.status.value, worker_id=live.worker_id,
+                   context_tokens=live.context_tokens, steps=live.steps,
+                   active_request=live.active_request)
+    return row
+
+
+class OpsController(Controller):
+    tags = ["ops"]
+
+    @get("/healthz", summary="Liveness and a short status")
+    async def healthz(self, core: Core) -> Response[dict[str, Any]]:
+        healthy = sum(1 for w in core.workers.values() if w.healthy)
+        ok = core.writer.last_error is None
+        body = {"status": "ok" if ok else "degraded", "workers_healthy": healthy,
+                "workers": len(core.workers), "queued": len(core.queue),
+                "store_error": core.writer.last_error}
+        return Response(body, status_code=200 if ok else 503)
+
+    @get("/metrics", media_type=MediaType.TEXT, summary="Prometheus metrics")
+    async def metrics(self, core: Core) -> str:
+        return render_metrics(core)
+
+
+def render_metrics(core: Core) -> str:
+    out = Exposition()
+    per_worker = [
+        ("vllm:num_requests_running", "gauge", "Requests running on the engine", "running"),
+        ("vllm:num_requests_waiting", "gauge", "Requests waiting in the engine", "waiting"),
+        ("vllm:prefix_cache_queries", "counter", "Prefix cache queries, in tokens",
+         "prefix_cache_queries"),
+        ("vllm:prefix_cache_hits", "counter", "Prefix cache hits, in tokens", "prefix_cache_hits"),
+        ("vllm:num_preemptions", "counter", "Preemptions by the engine", "preemptions"),
+    ]
+    for name, kind, help_text, field in per_worker:
+        out.family(name, kind, help_text)
+        for w in core.workers.values():
+            if w.stats is not None:
+                out.sample(name, getattr(w.stats, field), worker=w.id, engine=w.engine,
+                           model_name=w.model)
+    out.family("vllm:kv_cache_usage_perc", "gauge", "KV cache usage, 0-1")
+    for w in core.workers.values():
+        if w.stats is not None and w.stats.kv_capacity_tokens:
+            out.sample("vllm:kv_cache_usage_perc",
+                       w.stats.kv_used_tokens / w.stats.kv_capacity_tokens,
+                       worker=w.id, engine=w.engine, model_name=w.model)
+    out.histogram("vllm:time_to_first_token_seconds", "Time to first token, from queueing",
+                  core.latency["ttft"])
+    out.histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency",
+                  core.latency["e2e"])
+    out.histogram("agentd_queue_time_seconds", "Time in agentd's global queue",
+                  core.latency["queue"])
+    out.family("vllm:prompt_tokens", "counter", "Prompt tokens of finished requests")
+    out.sample("vllm:prompt_tokens", core.counters["prompt_tokens"])
+    out.family("vllm:generation_tokens", "counter", "Generated tokens of finished requests")
+    out.sample("vllm:generation_tokens", core.counters["generation_tokens"])
+    for key in ("requests_total", "requests_failed", "failovers"):
+        out.family(f"agentd_{key}", "counter", f"agentd {key.replace('_', ' ')}")
+        out.sample(f"agentd_{key}", core.counters[key])
+    out.family("agentd_programs", "gauge", "Live programs by status")
+    counts: dict[str, int] = dict.fromkeys(_STATUSES, 0)
+    for p in core.programs.values():
+        counts[p.status.value] += 1
+    for status, n in counts.items():
+        out.sample("agentd_programs", n, status=status)
+    out.family("agentd_workers", "gauge", "Workers by health")
+    for status in ("healthy", "unhealthy", "gone"):
+        out.sample("agentd_workers", sum(w.status == status for w in core.workers.values()),
+                   status=status)
+    out.family("agentd_queue_length", "gauge", "Requests in the global queue")
+    out.sample("agentd_queue_length", len(core.queue))
+    out.family("agentd_trace_events_written", "counter", "Trace events committed to the store")
+    out.sample("agentd_trace_events_written", core.writer.events_written)
+    return out.render()

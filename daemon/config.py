@@ -1,0 +1,131 @@
+"""Daemon configuration: flags > AGENTD_* environment > TOML file > defaults."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; the message names the key."""
+
+
+def default_data_dir() -> Path:
+    return Path(platformdirs.user_data_dir("agentd", appauthor=False))
+
+
+def default_config_dir() -> Path:
+    return Path(platformdirs.user_config_dir("agentd", appauthor=False))
+
+
+@dataclass
+class Config:
+    host: str = "127.0.0.1"
+    port: int = 8420
+    db: str = ""  # SQLAlchemy URL; empty = SQLite file in data_dir
+    data_dir: str = ""
+    engine: str = "sim"  # engine of locally spawned workers: sim | vllm
+    workers: int = 1  # local workers spawned at start (0 = only remote workers)
+    model: str = ""  # model dir for vllm workers; model name for sim
+    worker_bind: str = ""  # ZeroMQ endpoint the broker binds; empty = ipc in data_dir
+    heartbeat_interval_s: float = 0.5
+    heartbeat_timeout_s: float = 3.0
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_tokens_limit: int = 32768
+    log_format: str = "plain"  # plain | json
+    log_level: str = "info"
+    sim_kv_tokens: int = 65536
+    sim_time_scale: float = 1.0
+    sim_cost_model: str = ""
+    vllm_kv_cache_bytes: int = 256 * 1024 * 1024
+    vllm_max_model_len: int = 2048
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir) if self.data_dir else default_data_dir()
+
+    @property
+    def db_url(self) -> str:
+        if self.db:
+            return self.db
+        return f"sqlite+aiosqlite:///{self.data_path / 'agentd.db'}"
+
+    @property
+    def broker_endpoint(self) -> str:
+        return self.worker_bind or f"ipc://{self.data_path / 'workers.sock'}"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+_FIELDS = {f.name: f for f in fields(Config) if f.name != "extra"}
+
+
+def _coerce(key: str, value: Any) -> Any:
+    kind = type(getattr(Config(), key))
+    try:
+        if kind is bool:
+            return str(value).lower() in ("1", "true", "yes", "on")
+        return kind(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"config key '{key}': expected {kind.__name__}, got {value!r}") from exc
+
+
+def _from_file(path: Path) -> dict[str, Any]:
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file not found: {path}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from exc
+    section = raw.get("agentd", raw)
+    unknown = sorted(set(section) - set(_FIELDS))
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown key(s): {', '.join(unknown)}")
+    return dict(section)
+
+
+def _from_env(env: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in _FIELDS:
+        value = env.get(f"AGENTD_{name.upper()}")
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def load(
+    flags: dict[str, Any] | None = None,
+    config_file: str | None = None,
+    env: dict[str, str] | None = None,
+) -> Config:
+    env = dict(os.environ) if env is None else env
+    merged: dict[str, Any] = {}
+    file_path = config_file or env.get("AGENTD_CONFIG")
+    if file_path:
+        merged.update(_from_file(Path(file_path)))
+    merged.update(_from_env(env))
+    merged.update({k: v for k, v in (flags or {}).items() if v is not None})
+    cfg = Config(**{k: _coerce(k, v) for k, v in merged.items() if k in _FIELDS})
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    if cfg.engine not in ("sim", "vllm"):
+        raise ConfigError(f"engine must be 'sim' or 'vllm', got {cfg.engine!r}")
+    if not 0 <= cfg.port <= 65535:
+        raise ConfigError(f"port must be 0-65535, got {cfg.port}")
+    if cfg.workers < 0:
+        raise ConfigError(f"workers must be >= 0, got {cfg.workers}")
+    if cfg.log_format not in ("plain", "json"):
+        raise ConfigError(f"log_format must be 'plain' or 'json', got {cfg.log_format!r}")
+    if cfg.heartbeat_timeout_s <= cfg.heartbeat_interval_s:
+        raise ConfigError("heartbeat_timeout_s must be larger than heartbeat_interval_s")

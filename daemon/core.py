@@ -1,0 +1,514 @@
+"""The daemon core: programs, requests, workers, and the dispatch loop.
+
+Everything that changes scheduling state happens here, on the event loop,
+without awaiting disk: state lives in memory (daemon/state.py) and every
+change is enqueued on the batched writer together with its trace event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import deque
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import async_sessionmaker
+
+from daemon import protocol
+from daemon.broker import Broker
+from daemon.config import Config
+from daemon.metrics import Histogram
+from daemon.state import (
+    ProgramState,
+    ProgramStatus,
+    RequestState,
+    RequestStatus,
+    StreamItem,
+    WorkerState,
+)
+from db import models
+from db.writer import BatchWriter
+from scheduling.routing import WorkerLoad, choose_worker
+
+log = logging.getLogger("agentd.core")
+
+
+class CoreError(Exception):
+    """An error a client caused or must know about; status is the HTTP status to answer."""
+
+    def __init__(self, message: str, status: int = 400, code: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+class Core:
+    def __init__(self, config: Config, writer: BatchWriter, sessions: async_sessionmaker[Any]):
+        self.config = config
+        self.writer = writer
+        self.sessions = sessions
+        self.broker = Broker(config.broker_endpoint, self._on_worker_message)
+        self.workers: dict[str, WorkerState] = {}
+        self.programs: dict[str, ProgramState] = {}
+        self.requests: dict[str, RequestState] = {}
+        self.queue: deque[str] = deque()
+        self._known_sessions: set[str] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._accepting = True
+        self.counters: dict[str, float] = {
+            "requests_total": 0, "requests_failed": 0, "failovers": 0,
+            "prompt_tokens": 0, "generation_tokens": 0, "cached_tokens": 0,
+        }
+        self.latency: dict[str, Histogram] = {
+            "ttft": Histogram(), "e2e": Histogram(), "queue": Histogram(),
+        }
+
+    # --- lifecycle -----------------------------------------------------------
+
+    async def start(self) -> None:
+        self.broker.start()
+        self._tasks.append(asyncio.create_task(self._health_loop(), name="worker-health"))
+
+    async def stop(self) -> None:
+        self._accepting = False
+        for w in self.workers.values():
+            if w.healthy:
+                self.broker.send(w.identity, protocol.Shutdown())
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.broker.stop()
+
+    # --- sessions and programs -------------------------------------------------
+
+    async def ensure_program(
+        self, program_id: str | None, session_id: str | None, pinned: bool = False
+    ) -> ProgramState:
+        if program_id is not None and program_id in self.programs:
+            program = self.programs[program_id]
+            if program.status in (ProgramStatus.STOPPED, ProgramStatus.FAILED):
+                raise CoreError(
+                    f"program '{program_id}' was released ({program.status}); start a new one",
+                    status=409, code="program_released",
+                )
+            if session_id is not None and session_id != program.session_id:
+                raise CoreError(
+                    f"program '{program_id}' belongs to session '{program.session_id}', "
+                    f"not '{session_id}'", status=409, code="session_mismatch",
+                )
+            return program
+        if program_id is not None:
+            restored = await self._load_program(program_id)
+            if restored is not None:
+                self.programs[program_id] = restored
+                return await self.ensure_program(program_id, session_id, pinned)
+        return self._create_program(program_id or new_id("prog"), session_id, pinned)
+
+    async def _load_program(self, program_id: str) -> ProgramState | None:
+        async with self.sessions() as s:
+            row = await s.get(models.Program, program_id)
+        if row is None:
+            return None
+        self._known_sessions.add(row.session_id)
+        return ProgramState(
+            id=row.id, session_id=row.session_id, status=ProgramStatus(row.status),
+            created_at=row.created_at, status_since=row.status_since, worker_id=row.worker_id,
+            context_tokens=row.context_tokens, steps=row.steps, pinned=row.pinned,
+        )
+
+    def _create_program(self, program_id: str, session_id: str | None, pinned: bool) -> ProgramState:
+        now = time.time()
+        sid = session_id or program_id
+        if sid not in self._known_sessions:
+            self._known_sessions.add(sid)
+            self.writer.insert("sessions", _session_row(sid, now))
+        program = ProgramState(
+            id=program_id, session_id=sid, status=ProgramStatus.QUEUED,
+            created_at=now, status_since=now, pinned=pinned,
+        )
+        self.programs[program_id] = program
+        self.writer.insert("programs", {
+            "id": program_id, "session_id": sid, "status": program.status.value,
+            "worker_id": None, "context_tokens": 0, "steps": 0, "pinned": pinned,
+            "status_reason": "created", "created_at": now, "status_since": now,
+            "stopped_at": None,
+        })
+        self.writer.trace("program.created", session_id=sid, program_id=program_id, ts=now)
+        return program
+
+    async def load_known_sessions(self) -> None:
+        async with self.sessions() as s:
+            self._known_sessions.update((await s.scalars(select(models.Session.id))).all())
+
+    def set_program_status(self, program: ProgramState, status: ProgramStatus, reason: str) -> None:
+        if program.status == status:
+            return
+        now = time.time()
+        old = program.status
+        program.status = status
+        program.status_since = now
+        values: dict[str, Any] = {
+            "status": status.value, "status_since": now, "status_reason": reason,
+            "worker_id": program.worker_id, "context_tokens": program.context_tokens,
+            "steps": program.steps,
+        }
+        if status in (ProgramStatus.STOPPED, ProgramStatus.FAILED):
+            values["stopped_at"] = now
+        self.writer.update("programs", program.id, **values)
+        self.writer.trace(
+            "program.status", session_id=program.session_id, program_id=program.id, ts=now,
+            old=old.value, new=status.value, reason=reason,
+        )
+
+    async def release_program(self, program_id: str) -> ProgramState:
+        program = self.programs.get(program_id) or await self._load_program(program_id)
+        if program is None:
+            raise CoreError(f"unknown program '{program_id}'", status=404, code="not_found")
+        self.programs[program_id] = program
+        if program.status in (ProgramStatus.STOPPED, ProgramStatus.FAILED):
+            raise CoreError(
+                f"program '{program_id}' is already released", status=409, code="already_released"
+            )
+        if program.active_request is not None:
+            await self.abort(program.active_request, reason="program released")
+        self.set_program_status(program, ProgramStatus.STOPPED, "released")
+        await self.writer.flush()
+        return program
+
+    # --- requests -------------------------------------------------------------
+
+    def submit(
+        self,
+        program: ProgramState,
+        kind: str,
+        model: str,
+        sampling: protocol.SamplingParams,
+        prompt: str | None = None,
+        messages: list[protocol.ChatMessage] | None = None,
+        priority: int = 0,
+    ) -> RequestState:
+        if not self._accepting:
+            raise CoreError("the daemon is shutting down", status=503, code="unavailable")
+        if program.active_request is not None:
+            raise CoreError(
+                f"program '{program.id}' already has a request running "
+                f"('{program.active_request}'); a program issues one LLM call at a time",
+                status=409, code="program_busy",
+            )
+        now = time.time()
+        req = RequestState(
+            id=new_id("req"), program_id=program.id, session_id=program.session_id, kind=kind,
+            model=model, sampling=sampling, queued_at=now, prompt=prompt, messages=messages,
+            priority=priority,
+        )
+        self.requests[req.id] = req
+        program.active_request = req.id
+        self.counters["requests_total"] += 1
+        self.writer.insert("requests", _request_row(req))
+        self.writer.trace(
+            "request.queued", session_id=req.session_id, program_id=req.program_id,
+            request_id=req.id, ts=now, max_tokens=sampling.max_tokens,
+        )
+        self.queue.append(req.id)
+        self.pump()
+        return req
+
+    async def abort(self, request_id: str, reason: str = "client aborted") -> None:
+        req = self.requests.get(request_id)
+        if req is None or req.status not in (RequestStatus.QUEUED, RequestStatus.RUNNING):
+            return
+        if req.status == RequestStatus.RUNNING and req.worker_id in self.workers:
+            self.broker.send(self.workers[req.worker_id].identity, protocol.Abort(request_id=req.id))
+        self._end_request(req, RequestStatus.ABORTED, "abort", error=reason)
+
+    def pump(self) -> None:
+        """Dispatch queued requests, in order, while some worker has a free slot."""
+        while self.queue:
+            req = self.requests.get(self.queue[0])
+            if req is None or req.status != RequestStatus.QUEUED:
+                self.queue.popleft()
+                continue
+            program = self.programs[req.program_id]
+            worker_id = choose_worker(self._loads(), program.worker_id)
+            if worker_id is None:
+                return
+            self.queue.popleft()
+            self._dispatch(req, program, self.workers[worker_id])
+
+    def _loads(self) -> list[WorkerLoad]:
+        return [
+            WorkerLoad(w.id, len(w.inflight), w.max_batch, _kv_fraction(w))
+            for w in self.workers.values() if w.healthy
+        ]
+
+    def _dispatch(self, req: RequestState, program: ProgramState, worker: WorkerState) -> None:
+        now = time.time()
+        first_dispatch = req.dispatched_at is None
+        req.status = RequestStatus.RUNNING
+        req.worker_id = worker.id
+        req.dispatched_at = req.dispatched_at or now
+        worker.inflight.add(req.id)
+        sampling = req.sampling
+        if req.output_tokens:
+            remaining = max(1, sampling.max_tokens - req.output_tokens)
+            sampling = protocol.SamplingParams(**{
+                **{f: getattr(sampling, f) for f in sampling.__struct_fields__},
+                "max_tokens": remaining,
+            })
+        self.broker.send(worker.identity, protocol.Submit(
+            request_id=req.id, program_id=req.program_id, prompt=req.prompt,
+            messages=req.messages, continuation=req.text_so_far, sampling=sampling,
+            priority=req.priority,
+        ))
+        program.worker_id = worker.id
+        self.set_program_status(program, ProgramStatus.REASONING, "request dispatched")
+        self.writer.update(
+            "requests", req.id, status=req.status.value, worker_id=worker.id,
+            dispatched_at=req.dispatched_at,
+        )
+        if first_dispatch:
+            self.latency["queue"].observe(now - req.queued_at)
+        self.writer.trace(
+            "request.dispatched", session_id=req.session_id, program_id=req.program_id,
+            request_id=req.id, worker_id=worker.id, ts=now, failover=not first_dispatch,
+        )
+
+    # --- worker messages --------------------------------------------------------
+
+    def _on_worker_message(self, identity: bytes, msg: protocol.WorkerMessage) -> None:
+        if isinstance(msg, protocol.Register):
+            self._on_register(identity, msg)
+            return
+        worker = self.workers.get(identity.decode(errors="replace"))
+        if worker is None or worker.identity != identity or worker.status == "gone":
+            self.broker.send(identity, protocol.RegisterAck(
+                accepted=False, message="unknown worker: register again"))
+            return
+        worker.last_seen = time.time()
+        if worker.status == "unhealthy":
+            self._set_worker_status(worker, "healthy", "heartbeat resumed")
+        if isinstance(msg, protocol.Heartbeat):
+            worker.stats = msg.stats
+        elif isinstance(msg, protocol.TokenDelta):
+            self._on_delta(worker, msg)
+        elif isinstance(msg, protocol.Finish):
+            self._on_finish(worker, msg)
+
+    def _on_register(self, identity: bytes, msg: protocol.Register) -> None:
+        if msg.schema_hash != protocol.SCHEMA_HASH:
+            reason = (
+                f"protocol schema mismatch: worker has {msg.schema_hash}, daemon has "
+                f"{protocol.SCHEMA_HASH}; run the same agentd version on both"
+            )
+            log.warning("refused worker %s: %s", msg.worker_id, reason)
+            self.broker.send(identity, protocol.RegisterAck(accepted=False, message=reason))
+            self.writer.trace("worker.refused", worker_id=msg.worker_id, reason=reason)
+            return
+        if identity.decode(errors="replace") != msg.worker_id:
+            self.broker.send(identity, protocol.RegisterAck(
+                accepted=False, message="worker id must equal the socket identity"))
+            return
+        now = time.time()
+        old = self.workers.get(msg.worker_id)
+        if old is not None and old.inflight:
+            self._fail_over(old, "worker re-registered")
+        worker = WorkerState(
+            id=msg.worker_id, identity=identity, engine=msg.engine, model=msg.model,
+            kv_capacity_tokens=msg.kv_capacity_tokens, block_size=msg.block_size,
+            max_batch=msg.max_batch, pid=msg.pid, host=msg.host, registered_at=now,
+            last_seen=now,
+        )
+        self.workers[worker.id] = worker
+        self.broker.send(identity, protocol.RegisterAck(
+            accepted=True, heartbeat_interval_s=self.config.heartbeat_interval_s))
+        row = {
+            "engine": msg.engine, "model": msg.model, "kv_capacity_tokens": msg.kv_capacity_tokens,
+            "block_size": msg.block_size, "max_batch": msg.max_batch, "status": "healthy",
+            "pid": msg.pid, "host": msg.host, "registered_at": now, "last_seen_at": now,
+        }
+        if old is None:
+            self.writer.insert("workers", {"id": worker.id, **row})
+        else:
+            self.writer.update("workers", worker.id, **row)
+        self.writer.trace(
+            "worker.registered", worker_id=worker.id, ts=now, engine=msg.engine, model=msg.model,
+            kv_capacity_tokens=msg.kv_capacity_tokens, pid=msg.pid,
+        )
+        log.info("worker %s registered (%s, %s)", worker.id, msg.engine, msg.model)
+        self.pump()
+
+    def _on_delta(self, worker: WorkerState, msg: protocol.TokenDelta) -> None:
+        req = self.requests.get(msg.request_id)
+        if req is None or req.status != RequestStatus.RUNNING or req.worker_id != worker.id:
+            return
+        now = time.time()
+        if req.first_token_at is None and msg.num_tokens > 0:
+            req.first_token_at = now
+            self.latency["ttft"].observe(now - req.queued_at)
+            self.writer.update("requests", req.id, first_token_at=now)
+            self.writer.trace(
+                "request.first_token", session_id=req.session_id, program_id=req.program_id,
+                request_id=req.id, worker_id=worker.id, ts=now,
+            )
+        if msg.prompt_tokens is not None and not req.prompt_tokens:
+            req.prompt_tokens = msg.prompt_tokens
+        if msg.cached_tokens is not None and req.failovers == 0:
+            req.cached_tokens = msg.cached_tokens
+        req.output_tokens += msg.num_tokens
+        req.generated.append(msg.text)
+        req.stream.put_nowait(StreamItem(text=msg.text, num_tokens=msg.num_tokens))
+
+    def _on_finish(self, worker: WorkerState, msg: protocol.Finish) -> None:
+        worker.inflight.discard(msg.request_id)
+        req = self.requests.get(msg.request_id)
+        if req is None or req.status != RequestStatus.RUNNING or req.worker_id != worker.id:
+            self.pump()
+            return
+        if req.failovers == 0:
+            req.prompt_tokens = msg.prompt_tokens
+            req.cached_tokens = msg.cached_tokens
+        req.prompt_tokens = req.prompt_tokens or msg.prompt_tokens
+        if msg.reason == "error":
+            self._end_request(req, RequestStatus.FAILED, "error", error=msg.error or "engine error")
+        else:
+            final = protocol.Finish(
+                request_id=req.id, reason=msg.reason, prompt_tokens=req.prompt_tokens,
+                cached_tokens=req.cached_tokens, output_tokens=req.output_tokens,
+                ttft_s=(req.first_token_at - req.queued_at) if req.first_token_at else None,
+            )
+            status = RequestStatus.ABORTED if msg.reason == "abort" else RequestStatus.FINISHED
+            self._end_request(req, status, msg.reason, finish=final)
+        self.pump()
+
+    def _end_request(
+        self, req: RequestState, status: RequestStatus, reason: str,
+        error: str | None = None, finish: protocol.Finish | None = None,
+    ) -> None:
+        now = time.time()
+        req.status = status
+        req.finished_at = now
+        if req.worker_id in self.workers:
+            self.workers[req.worker_id].inflight.discard(req.id)
+        program = self.programs.get(req.program_id)
+        if program is not None and program.active_request == req.id:
+            program.active_request = None
+            program.steps += 1
+            program.context_tokens = req.prompt_tokens + req.output_tokens
+            if program.status not in (ProgramStatus.STOPPED, ProgramStatus.FAILED):
+                self.set_program_status(program, ProgramStatus.ACTING, "request ended")
+        if status == RequestStatus.FINISHED:
+            self.latency["e2e"].observe(now - req.queued_at)
+            self.counters["prompt_tokens"] += req.prompt_tokens
+            self.counters["generation_tokens"] += req.output_tokens
+            self.counters["cached_tokens"] += req.cached_tokens
+        elif status == RequestStatus.FAILED:
+            self.counters["requests_failed"] += 1
+        self.writer.update(
+            "requests", req.id, status=status.value, finish_reason=reason, error=error,
+            prompt_tokens=req.prompt_tokens, cached_tokens=req.cached_tokens,
+            output_tokens=req.output_tokens, finished_at=now, failovers=req.failovers,
+        )
+        kind = {"finished": "request.finished", "aborted": "request.aborted"}.get(
+            status.value, "request.failed")
+        self.writer.trace(
+            kind, session_id=req.session_id, program_id=req.program_id, request_id=req.id,
+            worker_id=req.worker_id, ts=now, reason=reason, error=error,
+            prompt_tokens=req.prompt_tokens, cached_tokens=req.cached_tokens,
+            output_tokens=req.output_tokens,
+        )
+        req.stream.put_nowait(StreamItem(finish=finish, error=error if finish is None else None))
+        # Finished requests are kept only until their consumer has read them.
+        asyncio.get_running_loop().call_later(30.0, self.requests.pop, req.id, None)
+
+    # --- health and failover ------------------------------------------------------
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_interval_s)
+            self.check_health(time.time())
+            self._expire_queued(time.time())
+
+    def check_health(self, now: float) -> None:
+        for worker in list(self.workers.values()):
+            silent = now - worker.last_seen
+            if worker.healthy and silent > self.config.heartbeat_timeout_s:
+                self._set_worker_status(worker, "unhealthy", f"no heartbeat for {silent:.1f}s")
+                self._fail_over(worker, f"worker {worker.id} missed heartbeats")
+            elif worker.status == "unhealthy" and silent > 10 * self.config.heartbeat_timeout_s:
+                self._set_worker_status(worker, "gone", f"no heartbeat for {silent:.0f}s")
+
+    def _set_worker_status(self, worker: WorkerState, status: str, reason: str) -> None:
+        worker.status = status
+        self.writer.update("workers", worker.id, status=status, last_seen_at=worker.last_seen)
+        self.writer.trace(f"worker.{status}", worker_id=worker.id, reason=reason)
+        log.warning("worker %s is %s: %s", worker.id, status, reason)
+
+    def _fail_over(self, worker: WorkerState, reason: str) -> None:
+        """Requeue the dead worker's requests at the head of the queue, oldest first."""
+        stranded = sorted(
+            (self.requests[r] for r in worker.inflight if r in self.requests),
+            key=lambda r: r.queued_at, reverse=True,
+        )
+        worker.inflight.clear()
+        has_other = any(w.healthy and w.id != worker.id for w in self.workers.values())
+        for req in stranded:
+            if req.status != RequestStatus.RUNNING:
+                continue
+            if not has_other:
+                self._end_request(req, RequestStatus.FAILED, "error",
+                                  error=f"{reason}; no healthy worker left to take the request")
+                continue
+            req.status = RequestStatus.QUEUED
+            req.failovers += 1
+            self.counters["failovers"] += 1
+            self.writer.trace(
+                "request.failover", session_id=req.session_id, program_id=req.program_id,
+                request_id=req.id, worker_id=worker.id, reason=reason,
+                generated_tokens=req.output_tokens,
+            )
+            program = self.programs.get(req.program_id)
+            if program is not None and program.worker_id == worker.id:
+                program.worker_id = None
+            self.queue.appendleft(req.id)
+        self.pump()
+
+    def _expire_queued(self, now: float) -> None:
+        if any(w.healthy for w in self.workers.values()):
+            return
+        limit = self.config.extra.get("queue_timeout_s", 60.0)
+        for rid in list(self.queue):
+            req = self.requests.get(rid)
+            if req is not None and req.status == RequestStatus.QUEUED and now - req.queued_at > limit:
+                self._end_request(req, RequestStatus.FAILED, "error",
+                                  error=f"no healthy worker for {limit:.0f}s")
+
+
+def _kv_fraction(w: WorkerState) -> float:
+    if w.stats is None or not w.stats.kv_capacity_tokens:
+        return 0.0
+    return w.stats.kv_used_tokens / w.stats.kv_capacity_tokens
+
+
+def _session_row(sid: str, now: float) -> dict[str, Any]:
+    return {
+        "id": sid, "tenant": "default", "priority": 0, "slo_class": "default",
+        "pinned_worker": None, "state": {}, "created_at": now, "updated_at": now,
+    }
+
+
+def _request_row(req: RequestState) -> dict[str, Any]:
+    return {
+        "id": req.id, "program_id": req.program_id, "session_id": req.session_id,
+        "context_id": None, "kind": req.kind, "model": req.model, "status": req.status.value,
+        "worker_id": None, "priority": req.priority, "max_tokens": req.sampling.max_tokens,
+        "prompt_tokens": 0, "cached_tokens": 0, "output_tokens": 0, "finish_reason": None,
+        "error": None, "failovers": 0, "queued_at": req.queued_at, "dispatched_at": None,
+        "first_token_at": None, "finished_at": None,
+    }

@@ -1,0 +1,34 @@
+"""The interface every engine implements; the worker runtime drives it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from daemon.protocol import Finish, Submit, TokenDelta, WorkerStats
+
+
+class Engine(Protocol):
+    """One inference engine inside a worker process.
+
+    `start` is awaited once before registration. `generate` is called once per
+    submitted request; it yields token deltas and ends with exactly one Finish
+    (also when aborted or failed: reason "abort" / "error"). `stats` is called
+    for every heartbeat and must not block.
+    """
+
+    engine: str  # "vllm" | "sim"
+    model: str
+    kv_capacity_tokens: int
+    block_size: int
+    max_batch: int
+
+    async def start(self) -> None: ...
+
+    def generate(self, submit: Submit) -> AsyncIterator[TokenDelta | Finish]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> WorkerStats: ...
+
+    async def shutdown(self) -> None: ...

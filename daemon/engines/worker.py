@@ -1,0 +1,148 @@
+"""Worker runtime: connects a DEALER to the daemon's ROUTER and drives one Engine.
+
+It registers, answers submits by streaming the engine's deltas back, aborts on
+request, and sends a heartbeat with the engine's stats on the interval the
+daemon asked for. If the daemon goes away the worker keeps retrying to
+register, so a restarted daemon gets its workers back without operator action.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+
+import zmq
+import zmq.asyncio
+
+from daemon import protocol
+from daemon.engines.base import Engine
+from daemon.protocol import Abort, Finish, RegisterAck, Shutdown, Submit
+
+log = logging.getLogger("agentd.worker")
+
+REGISTER_TIMEOUT_S = 5.0
+
+
+class WorkerRuntime:
+    def __init__(self, engine: Engine, connect: str, worker_id: str | None = None) -> None:
+        self.engine = engine
+        self.connect = connect
+        self.worker_id = worker_id or f"{engine.engine}-{uuid.uuid4().hex[:8]}"
+        self._ctx = zmq.asyncio.Context()
+        self._sock: zmq.asyncio.Socket | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._heartbeat_interval = 0.5
+        self._stopping = asyncio.Event()
+        self._send_lock = asyncio.Lock()
+        self._last_contact = 0.0
+
+    async def run(self) -> None:
+        await self.engine.start()
+        try:
+            while not self._stopping.is_set():
+                if await self._register():
+                    await self._serve()
+                else:
+                    await asyncio.sleep(1.0)
+        finally:
+            for task in self._tasks.values():
+                task.cancel()
+            await self.engine.shutdown()
+            if self._sock is not None:
+                self._sock.close(linger=0)
+            self._ctx.term()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def _new_socket(self) -> zmq.asyncio.Socket:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, self.worker_id.encode())
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.connect)
+        self._sock = sock
+        return sock
+
+    async def _register(self) -> bool:
+        sock = self._new_socket()
+        reg = protocol.Register(
+            worker_id=self.worker_id,
+            engine=self.engine.engine,
+            model=self.engine.model,
+            kv_capacity_tokens=self.engine.kv_capacity_tokens,
+            block_size=self.engine.block_size,
+            max_batch=self.engine.max_batch,
+            schema_hash=protocol.SCHEMA_HASH,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+        )
+        await sock.send(protocol.encode(reg))
+        if not await sock.poll(REGISTER_TIMEOUT_S * 1000):
+            log.warning("no answer from daemon at %s; retrying", self.connect)
+            return False
+        msg = protocol.decode_from_daemon(await sock.recv())
+        if not isinstance(msg, RegisterAck):
+            return False
+        if not msg.accepted:
+            raise SystemExit(f"agentd worker: the daemon refused registration: {msg.message}")
+        self._heartbeat_interval = msg.heartbeat_interval_s
+        log.info("registered as %s with %s", self.worker_id, self.connect)
+        return True
+
+    async def _serve(self) -> None:
+        assert self._sock is not None
+        heartbeat = asyncio.create_task(self._heartbeat_loop())
+        try:
+            while not self._stopping.is_set():
+                if not await self._sock.poll(200):
+                    continue
+                frame = await self._sock.recv()
+                try:
+                    msg = protocol.decode_from_daemon(frame)
+                except protocol.ProtocolError as exc:
+                    log.warning("dropping malformed frame from daemon: %s", exc)
+                    continue
+                if isinstance(msg, Submit):
+                    self._tasks[msg.request_id] = asyncio.create_task(self._run_request(msg))
+                elif isinstance(msg, Abort):
+                    if msg.request_id in self._tasks:
+                        await self.engine.abort(msg.request_id)
+                elif isinstance(msg, Shutdown):
+                    self._stopping.set()
+                elif isinstance(msg, RegisterAck) and not msg.accepted:
+                    # The daemon restarted and forgot us: register again.
+                    return
+        finally:
+            heartbeat.cancel()
+
+    async def _send(self, message: protocol.Message) -> None:
+        assert self._sock is not None
+        async with self._send_lock:
+            await self._sock.send(protocol.encode(message))
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await self._send(
+                protocol.Heartbeat(worker_id=self.worker_id, stats=self.engine.stats())
+            )
+            await asyncio.sleep(self._heartbeat_interval)
+
+    async def _run_request(self, submit: Submit) -> None:
+        try:
+            async for out in self.engine.generate(submit):
+                await self._send(out)
+        except Exception as exc:  # an engine failure ends this request, not the worker
+            log.exception("request %s failed in the engine", submit.request_id)
+            await self._send(
+                Finish(
+                    request_id=submit.request_id, reason="error", prompt_tokens=0,
+                    cached_tokens=0, output_tokens=0, error=f"{type(exc).__name__}: {exc}",
+                )
+            )
+        finally:
+            self._tasks.pop(submit.request_id, None)

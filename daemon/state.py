@@ -1,0 +1,109 @@
+"""The daemon's live, in-memory view of workers, programs and requests.
+
+The store holds the durable copy; these objects hold what the scheduler needs
+on every event without touching disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass, field
+
+from daemon.protocol import ChatMessage, Finish, SamplingParams, WorkerStats
+
+
+class ProgramStatus(enum.StrEnum):
+    QUEUED = "QUEUED"
+    REASONING = "REASONING"
+    ACTING = "ACTING"
+    PAUSED = "PAUSED"
+    STOPPED = "STOPPED"
+    FAILED = "FAILED"
+
+
+class RequestStatus(enum.StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+    FAILED = "failed"
+
+
+@dataclass
+class WorkerState:
+    id: str
+    identity: bytes
+    engine: str
+    model: str
+    kv_capacity_tokens: int
+    block_size: int
+    max_batch: int
+    pid: int
+    host: str
+    registered_at: float
+    last_seen: float
+    status: str = "healthy"
+    stats: WorkerStats | None = None
+    inflight: set[str] = field(default_factory=set)
+
+    @property
+    def healthy(self) -> bool:
+        return self.status == "healthy"
+
+    @property
+    def has_slot(self) -> bool:
+        return self.healthy and len(self.inflight) < self.max_batch
+
+
+@dataclass
+class ProgramState:
+    id: str
+    session_id: str
+    status: ProgramStatus
+    created_at: float
+    status_since: float
+    worker_id: str | None = None
+    context_tokens: int = 0
+    steps: int = 0
+    pinned: bool = False
+    active_request: str | None = None
+
+
+@dataclass
+class StreamItem:
+    """What a request's consumer (the HTTP handler) receives, in order."""
+
+    text: str = ""
+    num_tokens: int = 0
+    finish: Finish | None = None
+    error: str | None = None
+
+
+@dataclass
+class RequestState:
+    id: str
+    program_id: str
+    session_id: str
+    kind: str  # chat | completion
+    model: str
+    sampling: SamplingParams
+    queued_at: float
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    priority: int = 0
+    status: RequestStatus = RequestStatus.QUEUED
+    worker_id: str | None = None
+    dispatched_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    generated: list[str] = field(default_factory=list)
+    failovers: int = 0
+    stream: asyncio.Queue[StreamItem] = field(default_factory=asyncio.Queue)
+
+    @property
+    def text_so_far(self) -> str:
+        return "".join(self.generated)

@@ -1,0 +1,93 @@
+"""Spawns and supervises the daemon's local engine workers.
+
+Each local worker is a child process running `agentd worker`; a worker that
+exits unexpectedly is restarted with exponential backoff, and each crash and
+restart is a trace event, so `/v1/workers` and the trace show what happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from daemon.config import Config
+
+log = logging.getLogger("agentd.supervisor")
+
+MAX_BACKOFF_S = 30.0
+
+
+def worker_command(cfg: Config, endpoint: str, worker_id: str) -> list[str]:
+    cmd = [sys.executable, "-m", "daemon.cli", "worker", "--engine", cfg.engine,
+           "--connect", endpoint, "--worker-id", worker_id, "--log-level", cfg.log_level]
+    if cfg.engine == "sim":
+        cmd += ["--kv-tokens", str(cfg.sim_kv_tokens), "--time-scale", str(cfg.sim_time_scale)]
+        if cfg.sim_cost_model:
+            cmd += ["--cost-model", cfg.sim_cost_model]
+        if cfg.model:
+            cmd += ["--model", cfg.model]
+    else:
+        cmd += ["--kv-cache-bytes", str(cfg.vllm_kv_cache_bytes),
+                "--max-model-len", str(cfg.vllm_max_model_len)]
+        if cfg.model:
+            cmd += ["--model", cfg.model]
+    return cmd
+
+
+class Supervisor:
+    def __init__(self, cfg: Config, endpoint: str, on_event: Callable[..., None]) -> None:
+        self.cfg = cfg
+        self.endpoint = endpoint
+        self.on_event = on_event
+        self.procs: dict[str, asyncio.subprocess.Process] = {}
+        self.restarts: dict[str, int] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    async def start(self) -> None:
+        for i in range(self.cfg.workers):
+            worker_id = f"local-{self.cfg.engine}-{i}"
+            self._tasks.append(asyncio.create_task(self._keep_running(worker_id)))
+
+    async def _keep_running(self, worker_id: str) -> None:
+        backoff = 0.5
+        while not self._stopping:
+            proc = await asyncio.create_subprocess_exec(
+                *worker_command(self.cfg, self.endpoint, worker_id),
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+            self.procs[worker_id] = proc
+            self.on_event("worker.process.started", worker_id=worker_id, pid=proc.pid)
+            code = await proc.wait()
+            if self._stopping:
+                return
+            self.restarts[worker_id] = self.restarts.get(worker_id, 0) + 1
+            log.warning("worker %s exited with %s; restarting in %.1fs", worker_id, code, backoff)
+            self.on_event("worker.process.exited", worker_id=worker_id, exit_code=code,
+                          restart_in_s=backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        self._stopping = True
+        for proc in self.procs.values():
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                await asyncio.wait_for(proc.wait(), timeout_s)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def describe(self) -> dict[str, Any]:
+        return {wid: {"pid": p.pid, "running": p.returncode is None,
+                      "restarts": self.restarts.get(wid, 0)} for wid, p in self.procs.items()}

@@ -1,0 +1,178 @@
+"""The store's tables. Times are UNIX seconds (float): cheap to write, easy to diff."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    engine: Mapped[str] = mapped_column(String(16))
+    model: Mapped[str] = mapped_column(String(256))
+    kv_capacity_tokens: Mapped[int] = mapped_column(Integer)
+    block_size: Mapped[int] = mapped_column(Integer)
+    max_batch: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))  # healthy | unhealthy | gone
+    pid: Mapped[int] = mapped_column(Integer, default=0)
+    host: Mapped[str] = mapped_column(String(256), default="")
+    registered_at: Mapped[float] = mapped_column(Float)
+    last_seen_at: Mapped[float] = mapped_column(Float)
+
+
+class Session(Base):
+    __tablename__ = "sessions"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128), default="default")
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    slo_class: Mapped[str] = mapped_column(String(64), default="default")
+    pinned_worker: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    state: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class Program(Base):
+    __tablename__ = "programs"
+    __table_args__ = (Index("ix_programs_session", "session_id"), Index("ix_programs_status", "status"))
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"))
+    status: Mapped[str] = mapped_column(String(16))
+    worker_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    context_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    steps: Mapped[int] = mapped_column(Integer, default=0)
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False)
+    status_reason: Mapped[str] = mapped_column(String(256), default="")
+    created_at: Mapped[float] = mapped_column(Float)
+    status_since: Mapped[float] = mapped_column(Float)
+    stopped_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Context(Base):
+    __tablename__ = "contexts"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    program_id: Mapped[str] = mapped_column(ForeignKey("programs.id"))
+    tokens: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Request(Base):
+    __tablename__ = "requests"
+    __table_args__ = (Index("ix_requests_program", "program_id"),)
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    program_id: Mapped[str] = mapped_column(ForeignKey("programs.id"))
+    session_id: Mapped[str] = mapped_column(String(128))
+    context_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    kind: Mapped[str] = mapped_column(String(16))  # chat | completion
+    model: Mapped[str] = mapped_column(String(256))
+    status: Mapped[str] = mapped_column(String(16))  # queued | running | finished | aborted | failed
+    worker_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    max_tokens: Mapped[int] = mapped_column(Integer)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cached_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    output_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    finish_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    failovers: Mapped[int] = mapped_column(Integer, default=0)
+    queued_at: Mapped[float] = mapped_column(Float)
+    dispatched_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    first_token_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Future(Base):
+    __tablename__ = "futures"
+    __table_args__ = (Index("ix_futures_program", "program_id"),)
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    program_id: Mapped[str] = mapped_column(ForeignKey("programs.id"))
+    session_id: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(16))  # llm | tool | agent
+    status: Mapped[str] = mapped_column(String(16))
+    creator: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    executor: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    consumers: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    dependencies: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    value: Mapped[Any] = mapped_column(JSON, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class ToolContainer(Base):
+    __tablename__ = "tool_containers"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    program_id: Mapped[str] = mapped_column(String(128))
+    tool: Mapped[str] = mapped_column(String(128))
+    backend: Mapped[str] = mapped_column(String(16))
+    container_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    state: Mapped[str] = mapped_column(String(16))
+    disk_bytes: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[float] = mapped_column(Float)
+    removed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Policy(Base):
+    __tablename__ = "policies"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    layer: Mapped[str] = mapped_column(String(16))
+    active_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class PolicyVersion(Base):
+    __tablename__ = "policy_versions"
+    __table_args__ = (Index("ix_policy_versions_name", "policy_name", "version", unique=True),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    policy_name: Mapped[str] = mapped_column(ForeignKey("policies.name"))
+    version: Mapped[int] = mapped_column(Integer)
+    source: Mapped[str] = mapped_column(Text)
+    author: Mapped[str] = mapped_column(String(128), default="")
+    status: Mapped[str] = mapped_column(String(16))  # draft | active | retired | rolled_back
+    validation_report: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class TraceEvent(Base):
+    __tablename__ = "trace_events"
+    __table_args__ = (
+        Index("ix_trace_session", "session_id", "id"),
+        Index("ix_trace_program", "program_id", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    ts: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(64))
+    session_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    program_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    worker_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class ApiToken(Base):
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    token_hash: Mapped[str] = mapped_column(String(128), unique=True)
+    scopes: Mapped[str] = mapped_column(String(128))  # space-separated
+    created_at: Mapped[float] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -1,0 +1,149 @@
+"""One batched writer for everything the hot path records.
+
+The scheduler and the gateway never wait on disk: they enqueue row operations
+and go on. A background task commits them in order, one transaction per batch,
+so a batch is all-or-nothing and a crash loses at most the last flush interval.
+Callers that must know a write is durable (an API that acknowledges a change)
+await `flush()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Table, insert, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from db.models import Base
+
+log = logging.getLogger("agentd.store")
+
+
+@dataclass(frozen=True, slots=True)
+class _Insert:
+    table: Table
+    row: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Update:
+    table: Table
+    key: Any
+    values: dict[str, Any]
+
+
+_Op = _Insert | _Update
+
+
+class BatchWriter:
+    def __init__(self, engine: AsyncEngine, interval_s: float = 0.05, max_batch: int = 2000):
+        self._engine = engine
+        self._interval = interval_s
+        self._max_batch = max_batch
+        self._pending: list[_Op] = []
+        self._wake = asyncio.Event()
+        self._flushed = asyncio.Condition()
+        self._enqueued = 0
+        self._committed = 0
+        self._task: asyncio.Task[None] | None = None
+        self.events_written = 0
+        self.last_error: str | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="store-writer")
+
+    async def stop(self) -> None:
+        await self.flush()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def insert(self, table_name: str, row: dict[str, Any]) -> None:
+        self._push(_Insert(Base.metadata.tables[table_name], row))
+
+    def update(self, table_name: str, key: Any, **values: Any) -> None:
+        self._push(_Update(Base.metadata.tables[table_name], key, values))
+
+    def trace(self, kind: str, **fields: Any) -> None:
+        row = {
+            "ts": fields.pop("ts", None) or time.time(),
+            "kind": kind,
+            "session_id": fields.pop("session_id", None),
+            "program_id": fields.pop("program_id", None),
+            "request_id": fields.pop("request_id", None),
+            "worker_id": fields.pop("worker_id", None),
+            "data": fields,
+        }
+        self.insert("trace_events", row)
+
+    def _push(self, op: _Op) -> None:
+        self._pending.append(op)
+        self._enqueued += 1
+        if len(self._pending) >= self._max_batch:
+            self._wake.set()
+
+    async def flush(self) -> None:
+        """Wait until everything enqueued so far is committed."""
+        target = self._enqueued
+        if self._committed >= target:
+            return
+        self._wake.set()
+        async with self._flushed:
+            await self._flushed.wait_for(lambda: self._committed >= target)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self._interval)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            if not self._pending:
+                continue
+            batch, self._pending = self._pending, []
+            await self._commit(batch)
+            async with self._flushed:
+                self._committed += len(batch)
+                self._flushed.notify_all()
+
+    async def _commit(self, batch: list[_Op]) -> None:
+        try:
+            async with self._engine.begin() as conn:
+                for group in _group(batch):
+                    first = group[0]
+                    if isinstance(first, _Insert):
+                        await conn.execute(insert(first.table), [op.row for op in group])  # type: ignore[union-attr]
+                    else:
+                        for op in group:
+                            assert isinstance(op, _Update)
+                            pk = next(iter(op.table.primary_key.columns))
+                            await conn.execute(
+                                update(op.table).where(pk == op.key).values(**op.values)
+                            )
+            self.events_written += sum(
+                1 for op in batch if isinstance(op, _Insert) and op.table.name == "trace_events"
+            )
+            self.last_error = None
+        except Exception as exc:  # keep serving; the error is visible in /healthz
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            log.exception("store batch of %d operations failed", len(batch))
+
+
+def _group(batch: list[_Op]) -> list[list[_Op]]:
+    """Consecutive inserts into one table become one executemany; order is kept."""
+    groups: list[list[_Op]] = []
+    for op in batch:
+        last = groups[-1][0] if groups else None
+        if (
+            isinstance(op, _Insert)
+            and isinstance(last, _Insert)
+            and last.table is op.table
+        ):
+            groups[-1].append(op)
+        else:
+            groups.append([op])
+    return groups
