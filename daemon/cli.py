@@ -63,8 +63,14 @@ def cmd_start(args: argparse.Namespace) -> int:
         app, host=cfg.host, port=cfg.port, log_config=None, access_log=False,
         lifespan="on", timeout_graceful_shutdown=10,
     ))
+    # uvicorn re-raises the stop signal after its graceful shutdown; a no-op handler
+    # underneath turns a clean SIGTERM/SIGINT stop into exit code 0.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
     server.run()
-    return 0 if server.started else EXIT_FAILURE
+    if not server.started:
+        raise CliError(f"could not start on {cfg.base_url}; the log above says why")
+    return 0
 
 
 # --- agentd worker ------------------------------------------------------------------
@@ -76,7 +82,7 @@ def build_engine(args: argparse.Namespace) -> Any:
         from daemon.engines.sim.engine import SimEngine
 
         try:
-            cost = load_cost_model(args.cost_model) if args.cost_model else None
+            cost = load_cost_model(args.cost_model)
         except FileNotFoundError as exc:
             raise CliError(str(exc)) from exc
         return SimEngine(
@@ -147,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--block-size", type=int)
     w.add_argument("--kv-tokens", type=int, default=65536, help="sim: KV capacity in tokens")
     w.add_argument("--time-scale", type=float, default=1.0, help="sim: <1 runs faster than modelled")
-    w.add_argument("--cost-model", help="sim: cost model JSON (from `agentd calibrate`)")
+    w.add_argument("--cost-model", default="llama3-8b-h100",
+                   help="sim: a shipped cost model name or a JSON file from `agentd calibrate`")
     w.add_argument("--kv-cache-bytes", type=int, default=256 * 1024 * 1024, help="vllm")
     w.add_argument("--max-model-len", type=int, default=2048, help="vllm")
     w.add_argument("--dtype", default="bfloat16", help="vllm")

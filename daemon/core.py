@@ -140,7 +140,7 @@ class Core:
             "status_reason": "created", "created_at": now, "status_since": now,
             "stopped_at": None,
         })
-        self.writer.trace("program.created", session_id=sid, program_id=program_id, ts=now)
+        self.writer.trace("program.created", session_id=sid, program_id=program_id)
         return program
 
     async def load_known_sessions(self) -> None:
@@ -163,7 +163,7 @@ class Core:
             values["stopped_at"] = now
         self.writer.update("programs", program.id, **values)
         self.writer.trace(
-            "program.status", session_id=program.session_id, program_id=program.id, ts=now,
+            "program.status", session_id=program.session_id, program_id=program.id,
             old=old.value, new=status.value, reason=reason,
         )
 
@@ -214,7 +214,7 @@ class Core:
         self.writer.insert("requests", _request_row(req))
         self.writer.trace(
             "request.queued", session_id=req.session_id, program_id=req.program_id,
-            request_id=req.id, ts=now, max_tokens=sampling.max_tokens,
+            request_id=req.id, max_tokens=sampling.max_tokens,
         )
         self.queue.append(req.id)
         self.pump()
@@ -277,7 +277,7 @@ class Core:
             self.latency["queue"].observe(now - req.queued_at)
         self.writer.trace(
             "request.dispatched", session_id=req.session_id, program_id=req.program_id,
-            request_id=req.id, worker_id=worker.id, ts=now, failover=not first_dispatch,
+            request_id=req.id, worker_id=worker.id, failover=not first_dispatch,
         )
 
     # --- worker messages --------------------------------------------------------
@@ -338,7 +338,7 @@ class Core:
         else:
             self.writer.update("workers", worker.id, **row)
         self.writer.trace(
-            "worker.registered", worker_id=worker.id, ts=now, engine=msg.engine, model=msg.model,
+            "worker.registered", worker_id=worker.id, engine=msg.engine, model=msg.model,
             kv_capacity_tokens=msg.kv_capacity_tokens, pid=msg.pid,
         )
         log.info("worker %s registered (%s, %s)", worker.id, msg.engine, msg.model)
@@ -355,7 +355,7 @@ class Core:
             self.writer.update("requests", req.id, first_token_at=now)
             self.writer.trace(
                 "request.first_token", session_id=req.session_id, program_id=req.program_id,
-                request_id=req.id, worker_id=worker.id, ts=now,
+                request_id=req.id, worker_id=worker.id,
             )
         if msg.prompt_tokens is not None and not req.prompt_tokens:
             req.prompt_tokens = msg.prompt_tokens
@@ -419,7 +419,7 @@ class Core:
             status.value, "request.failed")
         self.writer.trace(
             kind, session_id=req.session_id, program_id=req.program_id, request_id=req.id,
-            worker_id=req.worker_id, ts=now, reason=reason, error=error,
+            worker_id=req.worker_id, reason=reason, error=error,
             prompt_tokens=req.prompt_tokens, cached_tokens=req.cached_tokens,
             output_tokens=req.output_tokens,
         )

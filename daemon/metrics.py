@@ -31,8 +31,9 @@ class Histogram:
             running += count
             yield f'{name}_bucket{{{labels}{sep}le="{bound}"}} {running}'
         yield f'{name}_bucket{{{labels}{sep}le="+Inf"}} {self.n}'
-        yield f"{name}_sum{{{labels}}} {self.total}"
-        yield f"{name}_count{{{labels}}} {self.n}"
+        suffix = f"{{{labels}}}" if labels else ""
+        yield f"{name}_sum{suffix} {self.total}"
+        yield f"{name}_count{suffix} {self.n}"
 
 
 class Exposition:

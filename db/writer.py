@@ -51,6 +51,7 @@ class BatchWriter:
         self._committed = 0
         self._task: asyncio.Task[None] | None = None
         self.events_written = 0
+        self._last_ts = 0.0
         self.last_error: str | None = None
 
     def start(self) -> None:
@@ -69,8 +70,11 @@ class BatchWriter:
         self._push(_Update(Base.metadata.tables[table_name], key, values))
 
     def trace(self, kind: str, **fields: Any) -> None:
+        # Stamped at enqueue and never decreasing, so a trace read in id order is
+        # also in time order, even across a wall-clock step backwards.
+        self._last_ts = max(self._last_ts, time.time())
         row = {
-            "ts": fields.pop("ts", None) or time.time(),
+            "ts": self._last_ts,
             "kind": kind,
             "session_id": fields.pop("session_id", None),
             "program_id": fields.pop("program_id", None),

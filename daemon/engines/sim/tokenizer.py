@@ -1,0 +1,66 @@
+"""A deterministic tokenizer and chat template for the simulated engine.
+
+Text is split into words (``\\w+``) and single punctuation characters; each piece maps to an id
+by a keyed BLAKE2b digest, so ids are identical in every process and every run (Python's
+``hash()`` of a str is salted per process and would break prefix reuse between workers). It is
+not a real BPE: counts come out near one token per word, somewhat below a real tokenizer.
+
+The chat template is fixed and marker-delimited. A previous assistant turn renders exactly as
+the generation prompt followed by the generated text, so a multi-turn conversation that sends
+back the sim's own output re-tokenizes to the same ids, and its prefix (decode blocks included)
+is reused as it would be on a real engine.
+
+Generated text is filler labelled as simulated: output token ``i`` is the word ``sim<i>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from functools import lru_cache
+
+from daemon.protocol import ChatMessage
+
+SPECIAL_TOKENS = ("<|bos|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|end|>")
+VOCAB_SIZE = 128_256
+_SPECIAL_IDS = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+_NUM_SPECIAL = len(SPECIAL_TOKENS)
+_PIECE = re.compile(r"<\|[a-z]+\|>|\w+|[^\w\s]")
+_ROLE_MARKER = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>",
+                "tool": "<|tool|>"}
+
+
+@lru_cache(maxsize=1 << 17)
+def piece_id(piece: str) -> int:
+    special = _SPECIAL_IDS.get(piece)
+    if special is not None:
+        return special
+    digest = hashlib.blake2b(piece.encode(), digest_size=8, key=b"agentd-sim").digest()
+    return _NUM_SPECIAL + int.from_bytes(digest, "little") % (VOCAB_SIZE - _NUM_SPECIAL)
+
+
+def encode(text: str) -> list[int]:
+    return [piece_id(p) for p in _PIECE.findall(text)]
+
+
+def count_tokens(text: str) -> int:
+    return len(_PIECE.findall(text))
+
+
+def render_chat(messages: Sequence[ChatMessage]) -> str:
+    """The prompt text for ``messages``, ending with the assistant generation marker."""
+    parts = ["<|bos|>"]
+    for m in messages:
+        parts.append(f"{_ROLE_MARKER.get(m.role, '<|user|>')} {m.content} <|end|>")
+    parts.append("<|assistant|>")
+    return "\n".join(parts)
+
+
+def filler_token_id(index: int) -> int:
+    return piece_id(f"sim{index}")
+
+
+def filler_text(index: int, first: bool) -> str:
+    """Text of output token ``index``; tokens after the first carry their separating space."""
+    return f"sim{index}" if first else f" sim{index}"

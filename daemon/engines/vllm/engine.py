@@ -1,0 +1,246 @@
+"""A vLLM engine inside an agentd worker process.
+
+Wraps vLLM's `AsyncLLM` (v1). Settings default to what works on a CPU-only
+machine (shared/notes/vllm-cpu.md): an explicit KV cache size, 128-token
+blocks, eager mode, one process for the model executor. Prompts are always
+tokenized here and handed to vLLM as token ids, so the prompt size reported on
+the first delta is exactly what the engine scheduled, and chat templates are
+applied in this one place.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from daemon.engines.vllm.adapter import (
+    StatsCollector,
+    kv_capacity_tokens,
+    make_stat_logger_factory,
+)
+from daemon.protocol import Finish, Submit, TokenDelta, WorkerStats
+from daemon.protocol import SamplingParams as WireSampling
+
+DEFAULT_KV_CACHE_BYTES = 64 << 20
+_FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}
+
+
+class VllmEngineError(RuntimeError):
+    """The engine was used before `start` or after `shutdown`."""
+
+
+class VllmEngine:
+    engine = "vllm"
+
+    def __init__(
+        self,
+        model_dir: str,
+        kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES,
+        block_size: int = 128,
+        max_model_len: int = 2048,
+        dtype: str = "bfloat16",
+        enforce_eager: bool = True,
+        max_num_seqs: int = 32,
+        model_name: str | None = None,
+    ) -> None:
+        if block_size % 32:
+            # vLLM's CPU attention backend fails at start otherwise; say so up front.
+            raise ValueError(f"block_size must be a multiple of 32 on CPU, got {block_size}")
+        self.model_dir = model_dir
+        self.model = model_name or Path(model_dir).name
+        self.block_size = block_size
+        self.max_batch = max_num_seqs
+        self.kv_capacity_tokens = 0  # known once the engine has allocated its cache
+        self._kv_cache_bytes = kv_cache_bytes
+        self._max_model_len = max_model_len
+        self._dtype = dtype
+        self._enforce_eager = enforce_eager
+        self._collector = StatsCollector()
+        self._llm: Any = None
+        self._tokenizer: Any = None
+
+    async def start(self) -> None:
+        # Must be set before vLLM reads it: keeps the model executor inside the
+        # engine-core process instead of a further worker process (about 3.5 s
+        # start instead of 25 s, half the memory). AsyncLLM still runs the
+        # engine core in its own process, so steps never block our event loop.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(
+            model=self.model_dir,
+            served_model_name=[self.model],
+            dtype=self._dtype,
+            max_model_len=self._max_model_len,
+            block_size=self.block_size,
+            kv_cache_memory_bytes=self._kv_cache_bytes,
+            enable_prefix_caching=True,
+            enforce_eager=self._enforce_eager,
+            max_num_seqs=self.max_batch,
+            # Our stat logger is the only consumer; vLLM's periodic log lines are noise.
+            disable_log_stats=True,
+        )
+        self._llm = AsyncLLM.from_engine_args(
+            args, stat_loggers=[make_stat_logger_factory(self._collector)]
+        )
+        self._tokenizer = self._llm.get_tokenizer()
+        self.kv_capacity_tokens = kv_capacity_tokens(self._llm.vllm_config)
+
+    async def shutdown(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
+
+    async def abort(self, request_id: str) -> None:
+        if self._llm is not None:
+            await self._llm.abort(request_id)
+
+    async def reset_prefix_cache(self) -> bool:
+        return bool(await self._require().reset_prefix_cache())
+
+    def stats(self) -> WorkerStats:
+        c = self._collector.snapshot()
+        return WorkerStats(
+            kv_capacity_tokens=self.kv_capacity_tokens,
+            kv_used_tokens=round(c.kv_cache_usage * self.kv_capacity_tokens),
+            running=c.running,
+            waiting=c.waiting,
+            prefix_cache_queries=c.prefix_cache_queries,
+            prefix_cache_hits=c.prefix_cache_hits,
+            preemptions=c.preemptions,
+            steps=c.steps,
+            generated_tokens=c.generated_tokens,
+        )
+
+    def prompt_token_ids(self, submit: Submit) -> list[int]:
+        """The exact token ids this engine schedules for `submit`."""
+        tok = self._require_tokenizer()
+        if submit.messages is not None:
+            rendered = tok.apply_chat_template(
+                [{"role": m.role, "content": m.content} for m in submit.messages],
+                tokenize=False,
+                add_generation_prompt=True,
+            )
+            # The template already emits every special token it wants.
+            return list(tok.encode(rendered + submit.continuation, add_special_tokens=False))
+        if submit.prompt_token_ids is not None:
+            extra = tok.encode(submit.continuation, add_special_tokens=False)
+            return [*submit.prompt_token_ids, *extra]
+        if submit.prompt is not None:
+            return list(tok.encode(submit.prompt + submit.continuation))
+        raise ValueError("submit carries no prompt, prompt_token_ids or messages")
+
+    async def generate(self, submit: Submit) -> AsyncIterator[TokenDelta | Finish]:
+        rid = submit.request_id
+        started = time.monotonic()
+        try:
+            llm = self._require()
+            prompt_ids = self.prompt_token_ids(submit)
+            params = self._sampling_params(submit.sampling)
+        except Exception as exc:  # a bad request ends that request, never the worker
+            yield _error_finish(rid, exc)
+            return
+        state = _RequestState(prompt_tokens=len(prompt_ids))
+        try:
+            async for out in llm.generate(
+                {"prompt_token_ids": prompt_ids}, params, request_id=rid
+            ):
+                delta = state.take(out, rid, started)
+                if delta is not None:
+                    yield delta
+                if out.finished:
+                    yield state.finish(rid, out.outputs[0].finish_reason)
+                    return
+        except Exception as exc:
+            yield _error_finish(rid, exc, state)
+            return
+        # vLLM ended the stream without a finished output: only an abort does that.
+        yield state.finish(rid, "abort")
+
+    def _sampling_params(self, wire: WireSampling) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+        structured = (
+            StructuredOutputsParams(json=wire.json_schema) if wire.json_schema else None
+        )
+        return SamplingParams(
+            max_tokens=wire.max_tokens,
+            temperature=wire.temperature,
+            top_p=wire.top_p,
+            # The wire uses -1 for "no top-k"; vLLM 0.32 spells that 0.
+            top_k=max(wire.top_k, 0),
+            stop=list(wire.stop) or None,
+            seed=wire.seed,
+            structured_outputs=structured,
+            output_kind=RequestOutputKind.DELTA,
+        )
+
+    def _require(self) -> Any:
+        if self._llm is None:
+            raise VllmEngineError("the vLLM engine is not running (start() not awaited?)")
+        return self._llm
+
+    def _require_tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            raise VllmEngineError("the vLLM engine is not running (start() not awaited?)")
+        return self._tokenizer
+
+
+class _RequestState:
+    """Per-request bookkeeping across vLLM's delta outputs."""
+
+    def __init__(self, prompt_tokens: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.cached_tokens = 0
+        self.output_tokens = 0
+        self.ttft_s: float | None = None
+        self._sent_first = False
+
+    def take(self, out: Any, rid: str, started: float) -> TokenDelta | None:
+        if out.num_cached_tokens is not None:
+            self.cached_tokens = int(out.num_cached_tokens)
+        if out.prompt_token_ids is not None:
+            self.prompt_tokens = len(out.prompt_token_ids)
+        completion = out.outputs[0]
+        n = len(completion.token_ids)
+        if n == 0 and not completion.text:
+            return None
+        self.output_tokens += n
+        first = not self._sent_first
+        if first:
+            self.ttft_s = time.monotonic() - started
+            self._sent_first = True
+        return TokenDelta(
+            request_id=rid,
+            text=completion.text,
+            num_tokens=n,
+            prompt_tokens=self.prompt_tokens if first else None,
+            cached_tokens=self.cached_tokens if first else None,
+        )
+
+    def finish(self, rid: str, reason: str | None) -> Finish:
+        return Finish(
+            request_id=rid,
+            reason=_FINISH_REASONS.get(reason or "", "stop" if reason else "abort"),
+            prompt_tokens=self.prompt_tokens,
+            cached_tokens=self.cached_tokens,
+            output_tokens=self.output_tokens,
+            ttft_s=self.ttft_s,
+        )
+
+
+def _error_finish(rid: str, exc: BaseException, state: _RequestState | None = None) -> Finish:
+    return Finish(
+        request_id=rid,
+        reason="error",
+        prompt_tokens=state.prompt_tokens if state else 0,
+        cached_tokens=state.cached_tokens if state else 0,
+        output_tokens=state.output_tokens if state else 0,
+        ttft_s=state.ttft_s if state else None,
+        error=f"{type(exc).__name__}: {exc}",
+    )

@@ -1,0 +1,115 @@
+"""The frozen snapshot the KV layer decides on.
+
+The daemon builds one `KvView` per decision step from its program table and the
+workers' last reports; nothing here is mutated, so a policy can be replayed on a
+recorded view and get the same answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class ProgramStatus(Enum):
+    QUEUED = "queued"  # arrived, never admitted to a worker
+    REASONING = "reasoning"  # a request is running on its worker
+    ACTING = "acting"  # admitted, between requests (a tool is running)
+    PAUSED = "paused"  # not admitted; its KV may have been evicted
+    STOPPED = "stopped"  # released
+
+
+WAITING = frozenset({ProgramStatus.QUEUED, ProgramStatus.PAUSED})
+RESIDENT = frozenset({ProgramStatus.REASONING, ProgramStatus.ACTING})
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    worker_id: str
+    capacity_tokens: int
+    used_tokens: int = 0
+    healthy: bool = True
+
+
+@dataclass(frozen=True)
+class ProgramView:
+    """One program as the scheduler sees it.
+
+    `worker_id` is the worker a resident program runs on; for a PAUSED program it
+    is the worker it last ran on (kept for locality), for QUEUED it is None.
+    `ready_since` is when the pending request became ready and started waiting for
+    admission: the force-resume clock runs from it, so a program paused while its
+    tool runs does not count tool time as waiting time.
+    """
+
+    program_id: str
+    status: ProgramStatus
+    context_tokens: int
+    created_at: float
+    worker_id: str | None = None
+    acting_since: float | None = None
+    ready_since: float | None = None
+    pending_request: bool = False
+    pinned: bool = False
+    pause_marked: bool = False
+    tool_time_mean_s: float | None = None  # mean of this program's past tool calls
+    prefix_group: str | None = None  # programs sharing a prompt prefix
+    prefix_tokens: int = 0  # length of that shared prefix
+    kv_resident: bool = False  # a PAUSED program's blocks still cached on worker_id
+    migrate_to: str | None = None  # restore_on of its MarkPauseAfterRequest, if any
+
+    @property
+    def waited_from(self) -> float:
+        return self.created_at if self.ready_since is None else self.ready_since
+
+    @property
+    def waiting(self) -> bool:
+        """Has a request that needs admission before it can run."""
+        return self.status is ProgramStatus.QUEUED or (
+            self.status is ProgramStatus.PAUSED and self.pending_request
+        )
+
+
+@dataclass(frozen=True)
+class KvConfig:
+    """Knobs shared by the built-in policies.
+
+    The paper sets both watermarks to 1 (the shared system prompt leaves slack);
+    `low_watermark < high_watermark` opens a hysteresis window against flapping.
+    """
+
+    check_interval_s: float = 0.3
+    decay_lambda: float = 0.1  # per second of acting time
+    high_watermark: float = 1.0
+    low_watermark: float = 1.0
+    force_resume_s: float = 30.0
+    default_tool_time_s: float = 2.0  # continuum TTL before any tool was observed
+
+
+@dataclass(frozen=True)
+class KvView:
+    workers: tuple[WorkerView, ...]
+    programs: tuple[ProgramView, ...]
+    config: KvConfig = field(default_factory=KvConfig)
+
+    def program(self, program_id: str) -> ProgramView:
+        for program in self.programs:
+            if program.program_id == program_id:
+                return program
+        raise KeyError(program_id)
+
+    def worker(self, worker_id: str) -> WorkerView | None:
+        return next((w for w in self.workers if w.worker_id == worker_id), None)
+
+    def home_worker(self, program: ProgramView) -> str | None:
+        """The program's (last) worker if it is still healthy."""
+        worker = self.worker(program.worker_id) if program.worker_id else None
+        return worker.worker_id if worker and worker.healthy else None
+
+    def healthy_workers(self) -> tuple[WorkerView, ...]:
+        return tuple(w for w in self.workers if w.healthy)
+
+    def on_worker(self, worker_id: str) -> tuple[ProgramView, ...]:
+        return tuple(
+            p for p in self.programs if p.worker_id == worker_id and p.status in RESIDENT
+        )

@@ -1,0 +1,333 @@
+"""The policy pool Omega (H-MAS Sec. 3.5, Appendix C.1): ordering rules for the ready queue.
+
+Every policy is a heap (O(log n) push and pop) keyed by a tuple; ties fall to arrival time
+then request id, so a policy rebuilt from the same requests pops them in the same order as
+one that received them one by one. ``switch`` moves a queue to another policy in place.
+Keys whose only time-varying term is shared by all requests (LLF's ``now``, two-lane's
+V_sys) drop that term: it cannot change the order, and a static key keeps the heap valid.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping
+from itertools import count
+
+from scheduling.prediction import QueuedRequest
+
+Key = tuple[float, ...]
+_Entry = tuple[Key, float, str, int, QueuedRequest]
+
+
+def _arrival_order(requests: Iterable[QueuedRequest]) -> list[QueuedRequest]:
+    return sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
+
+
+class OrderingPolicy(ABC):
+    """A ready queue under one ordering rule. ``now`` is passed for rules that read time."""
+
+    name: str = ""
+
+    @abstractmethod
+    def push(self, request: QueuedRequest, now: float) -> None: ...
+
+    @abstractmethod
+    def pop(self, now: float) -> QueuedRequest:
+        """Remove and return the next request; IndexError when empty."""
+
+    @abstractmethod
+    def peek(self, now: float) -> QueuedRequest | None: ...
+
+    @abstractmethod
+    def drain(self) -> list[QueuedRequest]:
+        """Empty the queue (and any per-policy state), returning every request once."""
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    def rebuild(self, requests: Iterable[QueuedRequest], now: float) -> None:
+        """Replace the contents, re-deriving all state in arrival order."""
+        self.drain()
+        for request in _arrival_order(requests):
+            self.push(request, now)
+
+    def remove(self, request_id: str, now: float) -> QueuedRequest | None:
+        """Take one request out (an abort while queued); O(n log n), aborts are rare."""
+        items = self.drain()
+        found = next((r for r in items if r.request_id == request_id), None)
+        self.rebuild((r for r in items if r is not found), now)
+        return found
+
+
+class _Heap:
+    """A min-heap of requests with the deterministic tie-break shared by all policies."""
+
+    def __init__(self) -> None:
+        self._items: list[_Entry] = []
+        self._seq = count()
+
+    def push(self, key: Key, request: QueuedRequest) -> None:
+        entry = (key, request.arrival_s, request.request_id, next(self._seq), request)
+        heapq.heappush(self._items, entry)
+
+    def pop(self) -> tuple[Key, QueuedRequest]:
+        key, _, _, _, request = heapq.heappop(self._items)
+        return key, request
+
+    def peek(self) -> QueuedRequest | None:
+        return self._items[0][4] if self._items else None
+
+    def drain(self) -> list[QueuedRequest]:
+        items = [entry[4] for entry in self._items]
+        self._items = []
+        self._seq = count()
+        return items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class KeyedPolicy(OrderingPolicy):
+    """A single heap ordered by ``key``; subclasses define only the key."""
+
+    def __init__(self) -> None:
+        self._heap = _Heap()
+
+    @abstractmethod
+    def key(self, request: QueuedRequest) -> Key: ...
+
+    def push(self, request: QueuedRequest, now: float) -> None:
+        self._heap.push(self.key(request), request)
+
+    def pop(self, now: float) -> QueuedRequest:
+        return self._heap.pop()[1]
+
+    def peek(self, now: float) -> QueuedRequest | None:
+        return self._heap.peek()
+
+    def drain(self) -> list[QueuedRequest]:
+        return self._heap.drain()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+
+class Fcfs(KeyedPolicy):
+    """Arrival order: the availability baseline and the emergency-bypass policy."""
+
+    name = "fcfs"
+
+    def key(self, request: QueuedRequest) -> Key:
+        return (request.arrival_s,)
+
+
+class Edf(KeyedPolicy):
+    """Earliest deadline D first."""
+
+    name = "edf"
+
+    def key(self, request: QueuedRequest) -> Key:
+        return (request.deadline,)
+
+
+class Sjf(KeyedPolicy):
+    """Shortest predicted service time T_tot first."""
+
+    name = "sjf"
+
+    def key(self, request: QueuedRequest) -> Key:
+        return (request.t_tot,)
+
+
+class Srtf(KeyedPolicy):
+    """Shortest remaining predicted time first (differs from SJF for re-queued requests)."""
+
+    name = "srtf"
+
+    def key(self, request: QueuedRequest) -> Key:
+        return (request.remaining_s,)
+
+
+class Llf(KeyedPolicy):
+    """Least laxity D - now - remaining first; ``now`` is common to all, so it is dropped."""
+
+    name = "llf"
+
+    def key(self, request: QueuedRequest) -> Key:
+        return (request.deadline - request.remaining_s,)
+
+
+class StrictPriority(KeyedPolicy):
+    """Highest ``priority`` first, FCFS within a priority."""
+
+    name = "priority"
+
+    def key(self, request: QueuedRequest) -> Key:
+        return (-float(request.priority), request.arrival_s)
+
+
+class Mlfq(KeyedPolicy):
+    """Multi-level feedback by attained service: a request drops one level each time its
+    generated tokens double past ``quantum_tokens``; FCFS within a level."""
+
+    name = "mlfq"
+
+    def __init__(self, levels: int = 4, quantum_tokens: int = 64) -> None:
+        super().__init__()
+        self.levels = levels
+        self.quantum_tokens = quantum_tokens
+
+    def level(self, request: QueuedRequest) -> int:
+        quanta = request.generated_tokens / self.quantum_tokens
+        return min(self.levels - 1, int(math.log2(1.0 + quanta)))
+
+    def key(self, request: QueuedRequest) -> Key:
+        return (float(self.level(request)), request.arrival_s)
+
+
+class Wfq(KeyedPolicy):
+    """Weighted fair queueing across tenants by virtual finish tags.
+
+    A request's tag is max(V, tenant's last tag) + cost / weight, with cost T_tot (``wfq``) or
+    1 (``stride``); V advances to the start tag of each popped request, so an idle tenant
+    re-enters at the current virtual time instead of with banked credit.
+    """
+
+    name = "wfq"
+
+    def __init__(self, weights: Mapping[str, float] | None = None, unit_cost: bool = False) -> None:
+        super().__init__()
+        self.weights = dict(weights or {})
+        self.unit_cost = unit_cost
+        self.name = "stride" if unit_cost else "wfq"
+        self._vtime = 0.0
+        self._last_finish: dict[str, float] = {}
+
+    def key(self, request: QueuedRequest) -> Key:
+        start = max(self._vtime, self._last_finish.get(request.tenant, 0.0))
+        cost = 1.0 if self.unit_cost else max(request.t_tot, 1e-9)
+        finish = start + cost / self.weights.get(request.tenant, 1.0)
+        self._last_finish[request.tenant] = finish
+        return (finish, start)
+
+    def pop(self, now: float) -> QueuedRequest:
+        key, request = self._heap.pop()
+        self._vtime = max(self._vtime, key[1])
+        return request
+
+    def drain(self) -> list[QueuedRequest]:
+        self._vtime = 0.0
+        self._last_finish = {}
+        return super().drain()
+
+
+class TwoLane(OrderingPolicy):
+    """Fast and slow lanes split on T_tot <= ``threshold_s``; each lane by slack
+    S = D - V_sys - T_tot (Eq. 5). The gate serves the slow lane every ``slow_every``-th pop
+    so long requests cannot starve."""
+
+    name = "two_lane"
+
+    def __init__(self, threshold_s: float = 2.0, slow_every: int = 4) -> None:
+        self.threshold_s = threshold_s
+        self.slow_every = slow_every
+        self._fast = _Heap()
+        self._slow = _Heap()
+        self._pops = 0
+
+    def push(self, request: QueuedRequest, now: float) -> None:
+        lane = self._fast if request.t_tot <= self.threshold_s else self._slow
+        lane.push((request.deadline - request.t_tot,), request)
+
+    def _next_lane(self) -> _Heap:
+        if not self._fast:
+            return self._slow
+        gate_open = len(self._slow) > 0 and (self._pops + 1) % self.slow_every == 0
+        return self._slow if gate_open else self._fast
+
+    def pop(self, now: float) -> QueuedRequest:
+        lane = self._next_lane()
+        request = lane.pop()[1]
+        self._pops += 1
+        return request
+
+    def peek(self, now: float) -> QueuedRequest | None:
+        return self._next_lane().peek()
+
+    def drain(self) -> list[QueuedRequest]:
+        self._pops = 0
+        return self._fast.drain() + self._slow.drain()
+
+    def __len__(self) -> int:
+        return len(self._fast) + len(self._slow)
+
+
+PolicyFactory = Callable[[], OrderingPolicy]
+
+
+class PolicyRegistry:
+    """The pool Omega by name; the meta controller may only pick names registered here."""
+
+    def __init__(self, factories: Mapping[str, PolicyFactory] | None = None) -> None:
+        self._factories: dict[str, PolicyFactory] = dict(factories or {})
+
+    def register(self, name: str, factory: PolicyFactory) -> None:
+        self._factories[name] = factory
+
+    def create(self, name: str) -> OrderingPolicy:
+        if name not in self._factories:
+            raise KeyError(f"no ordering policy named {name!r}")
+        return self._factories[name]()
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(sorted(self._factories))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._factories
+
+
+def default_registry(
+    tenant_weights: Mapping[str, float] | None = None, fast_lane_threshold_s: float = 2.0
+) -> PolicyRegistry:
+    weights = dict(tenant_weights or {})
+    return PolicyRegistry(
+        {
+            "fcfs": Fcfs,
+            "edf": Edf,
+            "sjf": Sjf,
+            "srtf": Srtf,
+            "llf": Llf,
+            "priority": StrictPriority,
+            "mlfq": Mlfq,
+            "wfq": lambda: Wfq(weights),
+            "stride": lambda: Wfq(weights, unit_cost=True),
+            "two_lane": lambda: TwoLane(fast_lane_threshold_s),
+        }
+    )
+
+
+class RequestQueue:
+    """The ready queue a worker's local controller pops from; its policy can be switched."""
+
+    def __init__(self, policy: OrderingPolicy) -> None:
+        self.policy = policy
+
+    def push(self, request: QueuedRequest, now: float) -> None:
+        self.policy.push(request, now)
+
+    def pop(self, now: float) -> QueuedRequest:
+        return self.policy.pop(now)
+
+    def peek(self, now: float) -> QueuedRequest | None:
+        return self.policy.peek(now)
+
+    def __len__(self) -> int:
+        return len(self.policy)
+
+
+def switch(queue: RequestQueue, new_policy: OrderingPolicy, now: float) -> None:
+    """Rebuild ``queue`` under ``new_policy`` in place: every queued request kept exactly once."""
+    new_policy.rebuild(queue.policy.drain(), now)
+    queue.policy = new_policy
