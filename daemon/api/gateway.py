@@ -80,7 +80,7 @@ class GatewayController(Controller):
         return {"object": "list", "data": [
             {"id": n, "object": "model", "created": 0, "owned_by": "agentd"} for n in names]}
 
-    @post("/chat/completions", summary="OpenAI chat completions (streaming too)")
+    @post("/chat/completions", status_code=200, summary="OpenAI chat completions (streaming too)")
     async def chat(self, request: Request[Any, Any, Any], core: Core) -> Response[Any]:
         body = decode_body(await request.body(), ChatRequest)
         if not body.messages:
@@ -99,7 +99,7 @@ class GatewayController(Controller):
                           priority=body.priority)
         return await _respond(core, request, req, body, program, chat=True)
 
-    @post("/completions", summary="OpenAI text completions (streaming too)")
+    @post("/completions", status_code=200, summary="OpenAI text completions (streaming too)")
     async def completions(self, request: Request[Any, Any, Any], core: Core) -> Response[Any]:
         body = decode_body(await request.body(), CompletionRequest)
         prompt = body.prompt
@@ -151,8 +151,12 @@ def _sampling(core: Core, body: _Common, max_tokens: int | None) -> SamplingPara
 
 
 async def _program(core: Core, request: Request[Any, Any, Any], body: _Common) -> ProgramState:
-    program_id = body.program_id or request.headers.get("x-program-id")
-    session_id = body.session_id or request.headers.get("x-session-id")
+    program_id = body.program_id
+    if program_id is None:
+        program_id = request.headers.get("x-program-id")
+    session_id = body.session_id
+    if session_id is None:
+        session_id = request.headers.get("x-session-id")
     for name, value in (("program_id", program_id), ("session_id", session_id)):
         if value is not None and not (0 < len(value) <= 128 and value.isprintable()):
             raise ApiError(400, f"{name} must be 1-128 printable characters", param=name)

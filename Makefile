@@ -1,0 +1,55 @@
+# agentd: `make run` starts the daemon, `make test` runs the tests. Both install what is missing.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ENGINE ?= vllm
+MODEL_DIR ?= $(HOME)/.cache/agentd/models/SmolLM2-135M-Instruct
+PYTEST_ARGS ?=
+
+.PHONY: install install-vllm model run test lint bench bench-gateway bench-kv bench-slo bench-engine bench-tools clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+install-vllm: $(STAMP)
+	bash scripts/install-vllm.sh $(PY)
+
+model: install-vllm
+	$(VENV)/bin/agentd model fetch-smollm2 $(MODEL_DIR)
+
+ifeq ($(ENGINE),vllm)
+run: model
+	$(VENV)/bin/agentd start --engine vllm --model $(MODEL_DIR) $(ARGS)
+else
+run: install
+	$(VENV)/bin/agentd start --engine sim $(ARGS)
+endif
+
+# pytest exit code 5 (no tests collected) is a failure, not a pass.
+test: model
+	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests ran" >&2; exit 1; fi; exit $$rc
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy scheduling db
+
+bench: bench-gateway bench-kv bench-slo
+
+bench-gateway: install
+	$(PY) -m bench.gateway
+
+bench-kv: install
+	$(PY) -m bench.kv
+
+bench-slo: install
+	$(PY) -m bench.slo
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache
