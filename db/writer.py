@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Table, insert, update
+from sqlalchemy import Table, bindparam, insert, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import Base
@@ -115,39 +115,48 @@ class BatchWriter:
                 self._flushed.notify_all()
 
     async def _commit(self, batch: list[_Op]) -> None:
+        inserts, updates = _coalesce(batch)
         try:
             async with self._engine.begin() as conn:
-                for group in _group(batch):
-                    first = group[0]
-                    if isinstance(first, _Insert):
-                        await conn.execute(insert(first.table), [op.row for op in group])  # type: ignore[union-attr]
-                    else:
-                        for op in group:
-                            assert isinstance(op, _Update)
-                            pk = next(iter(op.table.primary_key.columns))
-                            await conn.execute(
-                                update(op.table).where(pk == op.key).values(**op.values)
-                            )
-            self.events_written += sum(
-                1 for op in batch if isinstance(op, _Insert) and op.table.name == "trace_events"
-            )
+                for table in Base.metadata.sorted_tables:  # parents before children
+                    new_rows = inserts.get(table.name)
+                    if new_rows:
+                        await conn.execute(insert(table), list(new_rows.values()))
+                for (table, columns), rows in updates.items():
+                    pk = next(iter(table.primary_key.columns))
+                    stmt = (update(table).where(pk == bindparam("_key"))
+                            .values({c: bindparam(c) for c in columns}))
+                    await conn.execute(stmt, rows)
+            self.events_written += len(inserts.get("trace_events", ()))
             self.last_error = None
         except Exception as exc:  # keep serving; the error is visible in /healthz
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.exception("store batch of %d operations failed", len(batch))
 
 
-def _group(batch: list[_Op]) -> list[list[_Op]]:
-    """Consecutive inserts into one table become one executemany; order is kept."""
-    groups: list[list[_Op]] = []
-    for op in batch:
-        last = groups[-1][0] if groups else None
-        if (
-            isinstance(op, _Insert)
-            and isinstance(last, _Insert)
-            and last.table is op.table
-        ):
-            groups[-1].append(op)
+def _coalesce(
+    batch: list[_Op],
+) -> tuple[dict[str, dict[Any, dict[str, Any]]], dict[tuple[Table, tuple[str, ...]], list[dict[str, Any]]]]:
+    """Fold a batch into one insert per new row and one update per changed row.
+
+    The batch commits as one transaction, so only its final state matters: an update
+    of a row inserted in the same batch merges into the insert, and several updates
+    of one row merge into one. Updates with the same columns run as one executemany.
+    """
+    inserts: dict[str, dict[Any, dict[str, Any]]] = {}
+    pending: dict[tuple[Table, Any], dict[str, Any]] = {}
+    for n, op in enumerate(batch):
+        if isinstance(op, _Insert):
+            pk = next(iter(op.table.primary_key.columns)).key
+            key = op.row.get(pk, n)  # autoincrement rows have no key yet: never updated here
+            inserts.setdefault(op.table.name, {})[key] = dict(op.row)
+            continue
+        new_row = inserts.get(op.table.name, {}).get(op.key)
+        if new_row is not None:
+            new_row.update(op.values)
         else:
-            groups.append([op])
-    return groups
+            pending.setdefault((op.table, op.key), {}).update(op.values)
+    updates: dict[tuple[Table, tuple[str, ...]], list[dict[str, Any]]] = {}
+    for (table, key), values in pending.items():
+        updates.setdefault((table, tuple(sorted(values))), []).append({**values, "_key": key})
+    return inserts, updates

@@ -27,3 +27,6 @@ def daemon_factory(tmp_path: Path) -> Iterator[type]:
 @pytest.fixture
 def sim_daemon(daemon_factory) -> DaemonProcess:  # type: ignore[no-untyped-def]
     return daemon_factory(workers=1).start()
+
+
+from tests.docker_fixtures import busybox_image, docker_client, docker_host  # noqa: E402, F401

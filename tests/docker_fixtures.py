@@ -1,0 +1,112 @@
+"""A real Docker engine for tests: used when reachable, otherwise started once per session
+(as root, via scripts/start-dockerd.sh) and stopped afterwards.
+
+Without an engine the docker tests skip, saying why, unless AGENTD_REQUIRE_DOCKER=1 (CI),
+where a missing engine is a failure: a green run must not hide untested containers.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NoReturn
+
+import docker
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BUSYBOX_IMAGE = "agentd-busybox:latest"
+
+
+def _unavailable(reason: str) -> NoReturn:
+    if os.environ.get("AGENTD_REQUIRE_DOCKER") == "1":
+        pytest.fail(f"AGENTD_REQUIRE_DOCKER=1 but {reason}")
+    pytest.skip(reason)
+
+
+def _reachable() -> bool:
+    try:
+        client = docker.from_env(timeout=5)
+        client.ping()
+        client.close()
+    except Exception:
+        return False
+    return True
+
+
+def _start(run_dir: str) -> dict[str, str]:
+    proc = subprocess.run(
+        [str(REPO / "scripts" / "start-dockerd.sh"), run_dir],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if proc.returncode != 0:
+        _unavailable(f"could not start dockerd: {proc.stderr.strip()[-500:]}")
+    exports = (line.removeprefix("export ").split("=", 1) for line in proc.stdout.splitlines())
+    return {k: v for k, v in exports}
+
+
+def _stop(pidfile: str) -> None:
+    try:
+        pid = int(Path(pidfile).read_text())
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError):
+        return
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def docker_host() -> Iterator[str]:
+    """DOCKER_HOST of a live engine (also set in os.environ for the SDK's from_env)."""
+    if _reachable():
+        yield os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        return
+    if os.geteuid() != 0:
+        _unavailable("no Docker engine reachable via DOCKER_HOST, and not root to start one")
+    # Short path: a unix socket path must stay under ~108 bytes.
+    run_dir = tempfile.mkdtemp(prefix="agentd-dockerd-", dir="/tmp")
+    previous = os.environ.get("DOCKER_HOST")
+    exports = _start(run_dir)
+    os.environ["DOCKER_HOST"] = exports["DOCKER_HOST"]
+    try:
+        yield exports["DOCKER_HOST"]
+    finally:
+        _stop(exports["AGENTD_DOCKERD_PIDFILE"])
+        if previous is None:
+            os.environ.pop("DOCKER_HOST", None)
+        else:
+            os.environ["DOCKER_HOST"] = previous
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def busybox_image(docker_host: str) -> str:
+    """A 2 MB busybox image built locally (no registry is needed)."""
+    proc = subprocess.run(
+        [str(REPO / "scripts" / "make-busybox-image.sh"), BUSYBOX_IMAGE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=os.environ | {"DOCKER_HOST": docker_host},
+    )
+    if proc.returncode != 0:
+        _unavailable(f"could not build {BUSYBOX_IMAGE}: {proc.stderr.strip()[-500:]}")
+    return BUSYBOX_IMAGE
+
+
+@pytest.fixture(scope="session")
+def docker_client(docker_host: str) -> Iterator[docker.DockerClient]:
+    client = docker.DockerClient(base_url=docker_host)
+    yield client
+    client.close()

@@ -1,0 +1,107 @@
+"""What a tool environment is: parsed once from config, a manifest or a request.
+
+Specs are frozen msgspec structs so one configured value can be shared by every program
+using a tool without anyone mutating it under the others. `parse_spec` is the only way in
+from untrusted data; it turns every problem into a `SpecError` that names the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from tools.errors import Reason, ToolError
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+
+Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN)]
+Positive = Annotated[int, msgspec.Meta(gt=0)]
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class Mount(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """`volume`: a fresh volume owned by the program, removed at release.
+    `bind`: a host path (trusted specs only: it escapes the sandbox).
+    `tmpfs`: memory-backed scratch space of `size_mb`."""
+
+    target: str
+    type: Literal["volume", "bind", "tmpfs"] = "volume"
+    source: str | None = None
+    read_only: bool = False
+    size_mb: Positive | None = None
+
+    def __post_init__(self) -> None:
+        if not self.target.startswith("/"):
+            raise ValueError("mounts.target must be an absolute path")
+        if (self.type == "bind") != (self.source is not None):
+            raise ValueError("mounts.source is required for bind mounts and only for them")
+
+
+class ToolSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    name: Name
+    backend: Literal["docker", "process"] = "docker"
+    image: str | None = None
+    # An argv prefix for every exec (e.g. ["python3", "-c"]); empty runs the exec argv as is.
+    command: tuple[str, ...] = ()
+    env: dict[str, str] = {}
+    mounts: tuple[Mount, ...] = ()
+    network: Literal["none", "bridge", "host"] = "none"
+    cpus: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    memory_mb: Positive | None = None
+    pids: Positive | None = None
+    cpu_seconds: Positive | None = None
+    open_files: Positive | None = None
+    workdir: str | None = None
+    setup: tuple[str, ...] = ()
+    exec_timeout_s: Seconds = 60.0
+    setup_timeout_s: Seconds = 600.0
+
+    def __post_init__(self) -> None:
+        if self.backend == "docker":
+            _check_docker(self)
+        else:
+            _check_process(self)
+
+
+def _check_docker(spec: ToolSpec) -> None:
+    if not spec.image:
+        raise ValueError("image is required for the docker backend")
+    if spec.workdir is not None and not spec.workdir.startswith("/"):
+        raise ValueError("workdir must be an absolute path in the container")
+
+
+def _check_process(spec: ToolSpec) -> None:
+    # Fields the process backend cannot honour are refused rather than silently ignored,
+    # so nobody believes a process tool has a filesystem or CPU-share sandbox.
+    for field, value in (("image", spec.image), ("workdir", spec.workdir), ("cpus", spec.cpus)):
+        if value is not None:
+            raise ValueError(f"{field} is not supported by the process backend")
+    if spec.mounts:
+        raise ValueError("mounts is not supported by the process backend")
+    if spec.network == "bridge":
+        raise ValueError("network 'bridge' is not supported by the process backend")
+
+
+class SpecError(ToolError):
+    def __init__(self, message: str, *, tool: str = "") -> None:
+        super().__init__(Reason.BAD_SPEC, message, tool=tool)
+
+
+def parse_spec(data: Mapping[str, Any], *, trusted: bool = False) -> ToolSpec:
+    """`trusted` is for operator config: only it may bind host paths into a container."""
+    try:
+        spec = msgspec.convert(dict(data), ToolSpec)
+    except msgspec.ValidationError as exc:
+        raise SpecError(f"invalid tool spec: {exc}", tool=str(data.get("name", ""))) from exc
+    if not trusted and any(m.type == "bind" for m in spec.mounts):
+        raise SpecError("mounts: bind mounts are allowed only in operator config", tool=spec.name)
+    return spec
+
+
+def merge_spec(base: ToolSpec, overrides: Mapping[str, Any]) -> ToolSpec:
+    """A per-request tweak of a configured tool (say a longer timeout) without restating it."""
+    if any(m.get("type") == "bind" for m in overrides.get("mounts", ())):
+        raise SpecError("mounts: bind mounts are allowed only in operator config", tool=base.name)
+    return parse_spec(msgspec.to_builtins(base) | dict(overrides), trusted=True)
