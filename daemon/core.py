@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from daemon import protocol
 from daemon.broker import Broker
 from daemon.config import Config
+from daemon.kv_control import KvControl
 from daemon.metrics import Histogram
 from daemon.state import (
     ProgramState,
@@ -31,7 +32,6 @@ from daemon.state import (
 )
 from db import models
 from db.writer import BatchWriter
-from scheduling.routing import WorkerLoad, choose_worker
 
 log = logging.getLogger("agentd.core")
 
@@ -62,6 +62,8 @@ class Core:
         self._known_sessions: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._accepting = True
+        self._pumping = False
+        self.kv = KvControl(self, config.kv_policy)
         self.counters: dict[str, float] = {
             "requests_total": 0, "requests_failed": 0, "failovers": 0,
             "prompt_tokens": 0, "generation_tokens": 0, "cached_tokens": 0,
@@ -75,6 +77,7 @@ class Core:
     async def start(self) -> None:
         self.broker.start()
         self._tasks.append(asyncio.create_task(self._health_loop(), name="worker-health"))
+        self._tasks.append(asyncio.create_task(self._kv_loop(), name="kv-control"))
 
     async def stop(self) -> None:
         self._accepting = False
@@ -105,13 +108,13 @@ class Core:
                 )
             return program
         if program_id is not None:
-            restored = await self._load_program(program_id)
+            restored = await self.load_program(program_id)
             if restored is not None:
                 self.programs[program_id] = restored
                 return await self.ensure_program(program_id, session_id, pinned)
         return self._create_program(program_id or new_id("prog"), session_id, pinned)
 
-    async def _load_program(self, program_id: str) -> ProgramState | None:
+    async def load_program(self, program_id: str) -> ProgramState | None:
         async with self.sessions() as s:
             row = await s.get(models.Program, program_id)
         if row is None:
@@ -168,7 +171,7 @@ class Core:
         )
 
     async def release_program(self, program_id: str) -> ProgramState:
-        program = self.programs.get(program_id) or await self._load_program(program_id)
+        program = self.programs.get(program_id) or await self.load_program(program_id)
         if program is None:
             raise CoreError(f"unknown program '{program_id}'", status=404, code="not_found")
         self.programs[program_id] = program
@@ -210,6 +213,11 @@ class Core:
         )
         self.requests[req.id] = req
         program.active_request = req.id
+        program.ready_request = req.id
+        program.ready_since = now
+        if program.acting_since is not None:
+            program.tool_time_sum += now - program.acting_since
+            program.tool_time_count += 1
         self.counters["requests_total"] += 1
         self.writer.insert("requests", _request_row(req))
         self.writer.trace(
@@ -229,24 +237,30 @@ class Core:
         self._end_request(req, RequestStatus.ABORTED, "abort", error=reason)
 
     def pump(self) -> None:
-        """Dispatch queued requests, in order, while some worker has a free slot."""
-        while self.queue:
-            req = self.requests.get(self.queue[0])
-            if req is None or req.status != RequestStatus.QUEUED:
-                self.queue.popleft()
-                continue
-            program = self.programs[req.program_id]
-            worker_id = choose_worker(self._loads(), program.worker_id)
-            if worker_id is None:
-                return
-            self.queue.popleft()
-            self._dispatch(req, program, self.workers[worker_id])
+        """Dispatch every queued request whose program the KV policy places on a worker.
 
-    def _loads(self) -> list[WorkerLoad]:
-        return [
-            WorkerLoad(w.id, len(w.inflight), w.max_batch, _kv_fraction(w))
-            for w in self.workers.values() if w.healthy
-        ]
+        The queue is the one global waiting queue across workers: a request waits
+        while its program is not admitted (QUEUED) or paused, in arrival order.
+        """
+        if self._pumping:
+            return
+        self._pumping = True
+        try:
+            waiting: deque[str] = deque()
+            while self.queue:
+                rid = self.queue.popleft()
+                req = self.requests.get(rid)
+                if req is None or req.status != RequestStatus.QUEUED:
+                    continue
+                program = self.programs[req.program_id]
+                worker_id = self.kv.route(program)
+                if worker_id is None or worker_id not in self.workers:
+                    waiting.append(rid)
+                    continue
+                self._dispatch(req, program, self.workers[worker_id])
+            self.queue = waiting
+        finally:
+            self._pumping = False
 
     def _dispatch(self, req: RequestState, program: ProgramState, worker: WorkerState) -> None:
         now = time.time()
@@ -268,6 +282,8 @@ class Core:
             priority=req.priority,
         ))
         program.worker_id = worker.id
+        program.ready_request = None
+        program.ready_since = None
         self.set_program_status(program, ProgramStatus.REASONING, "request dispatched")
         self.writer.update(
             "requests", req.id, status=req.status.value, worker_id=worker.id,
@@ -401,8 +417,11 @@ class Core:
             program.active_request = None
             program.steps += 1
             program.context_tokens = req.prompt_tokens + req.output_tokens
+            program.ready_request = None
+            program.acting_since = now
             if program.status not in (ProgramStatus.STOPPED, ProgramStatus.FAILED):
                 self.set_program_status(program, ProgramStatus.ACTING, "request ended")
+                self.kv.request_ended(program)
         if status == RequestStatus.FINISHED:
             self.latency["e2e"].observe(now - req.queued_at)
             self.counters["prompt_tokens"] += req.prompt_tokens
@@ -435,6 +454,11 @@ class Core:
             self.check_health(time.time())
             self._expire_queued(time.time())
 
+    async def _kv_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.kv.config.check_interval_s)
+            self.kv.tick()
+
     def check_health(self, now: float) -> None:
         for worker in list(self.workers.values()):
             silent = now - worker.last_seen
@@ -465,7 +489,6 @@ class Core:
                 self._end_request(req, RequestStatus.FAILED, "error",
                                   error=f"{reason}; no healthy worker left to take the request")
                 continue
-            req.status = RequestStatus.QUEUED
             req.failovers += 1
             self.counters["failovers"] += 1
             self.writer.trace(
@@ -473,11 +496,35 @@ class Core:
                 request_id=req.id, worker_id=worker.id, reason=reason,
                 generated_tokens=req.output_tokens,
             )
-            program = self.programs.get(req.program_id)
-            if program is not None and program.worker_id == worker.id:
-                program.worker_id = None
-            self.queue.appendleft(req.id)
+            self._back_to_queue(req, f"worker {worker.id} lost")
         self.pump()
+
+    def requeue(self, request_id: str, reason: str) -> None:
+        """Take a running request off its worker and queue it again (operator moves)."""
+        req = self.requests.get(request_id)
+        if req is None or req.status != RequestStatus.RUNNING:
+            return
+        worker = self.workers.get(req.worker_id or "")
+        if worker is not None:
+            worker.inflight.discard(req.id)
+            self.broker.send(worker.identity, protocol.Abort(request_id=req.id))
+        req.status = RequestStatus.QUEUED
+        self.writer.trace(
+            "request.requeued", session_id=req.session_id, program_id=req.program_id,
+            request_id=req.id, worker_id=req.worker_id, reason=reason,
+            generated_tokens=req.output_tokens,
+        )
+        self._back_to_queue(req, reason)
+
+    def _back_to_queue(self, req: RequestState, reason: str) -> None:
+        """The request continues later, elsewhere, from the text generated so far."""
+        req.status = RequestStatus.QUEUED
+        program = self.programs.get(req.program_id)
+        if program is not None:
+            program.ready_request = req.id
+            program.ready_since = time.time()
+            self.set_program_status(program, ProgramStatus.PAUSED, reason)
+        self.queue.appendleft(req.id)
 
     def _expire_queued(self, now: float) -> None:
         if any(w.healthy for w in self.workers.values()):

@@ -68,6 +68,19 @@ class ProgramState:
     steps: int = 0
     pinned: bool = False
     active_request: str | None = None
+    # KV scheduling bookkeeping (see daemon/kv_control.py).
+    ready_request: str | None = None  # queued, waiting for admission or restore
+    ready_since: float | None = None
+    acting_since: float | None = None
+    pause_marked: bool = False
+    held: bool = False  # paused by an operator: the KV policy neither sees nor restores it
+    migrate_to: str | None = None
+    tool_time_sum: float = 0.0
+    tool_time_count: int = 0
+
+    @property
+    def tool_time_mean_s(self) -> float | None:
+        return self.tool_time_sum / self.tool_time_count if self.tool_time_count else None
 
 
 @dataclass

@@ -5,10 +5,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from litestar import Controller, MediaType, Response, get, post
+import msgspec
+from litestar import Controller, MediaType, Request, Response, get, post
 from litestar.params import Parameter
 
-from daemon.api.errors import ApiError
+from daemon import operations
+from daemon.api.errors import ApiError, decode_body
+from daemon.auth import OPERATOR, principal_of
 from daemon.core import Core
 from daemon.metrics import Exposition
 from db import repositories as repo
@@ -26,6 +29,70 @@ def worker_view(core: Core, w: Any) -> dict[str, Any]:
         "stats": None if stats is None else {
             f: getattr(stats, f) for f in stats.__struct_fields__},
     }
+
+
+class MigrateBody(msgspec.Struct, forbid_unknown_fields=True):
+    worker_id: str
+    now: bool = False
+
+
+def _who(request: Request[Any, Any, Any]) -> str:
+    principal = principal_of(request)
+    return principal.name if principal is not None else "operator"
+
+
+class OperatorController(Controller):
+    """Operator actions: they change scheduling, so they need the operator scope."""
+
+    path = "/v1"
+    tags = ["operator"]
+    opt = {"scope": OPERATOR}
+
+    @post("/programs/{program_id:str}/migrate", status_code=200,
+          summary="Move a program's next requests to a worker and pin it there")
+    async def migrate_program(self, core: Core, request: Request[Any, Any, Any],
+                              program_id: str) -> dict[str, Any]:
+        body = decode_body(await request.body(), MigrateBody)
+        moved = await operations.migrate(core, [program_id], body.worker_id, body.now,
+                                         _who(request))
+        return {"data": moved}
+
+    @post("/sessions/{session_id:str}/migrate", status_code=200,
+          summary="Move every live program of a session to a worker and pin them")
+    async def migrate_session(self, core: Core, request: Request[Any, Any, Any],
+                              session_id: str) -> dict[str, Any]:
+        body = decode_body(await request.body(), MigrateBody)
+        await core.writer.flush()
+        async with core.sessions() as s:
+            session = await repo.get_session(s, session_id)
+        if session is None:
+            raise ApiError(404, f"unknown session '{session_id}'", "not_found")
+        live = [p["id"] for p in session["programs"]
+                if _live(core, p)["status"] not in ("STOPPED", "FAILED")]
+        moved = await operations.migrate(core, live, body.worker_id, body.now, _who(request))
+        return {"data": moved}
+
+    @post("/programs/{program_id:str}/pause", status_code=200,
+          summary="Pause a program (after its running request) until resumed")
+    async def pause(self, core: Core, request: Request[Any, Any, Any],
+                    program_id: str) -> dict[str, Any]:
+        program = await operations.pause(core, program_id, _who(request))
+        return {"id": program.id, "status": program.status.value, "held": True,
+                "pause_after_request": program.pause_marked}
+
+    @post("/programs/{program_id:str}/resume", status_code=200,
+          summary="Let the scheduler restore an operator-paused program")
+    async def resume(self, core: Core, request: Request[Any, Any, Any],
+                     program_id: str) -> dict[str, Any]:
+        program = await operations.resume(core, program_id, _who(request))
+        return {"id": program.id, "status": program.status.value, "held": False}
+
+    @post("/programs/{program_id:str}/kill", status_code=200,
+          summary="Abort a program's request and end it as FAILED")
+    async def kill(self, core: Core, request: Request[Any, Any, Any],
+                   program_id: str) -> dict[str, Any]:
+        program = await operations.kill(core, program_id, _who(request))
+        return {"id": program.id, "status": program.status.value}
 
 
 class RestController(Controller):
@@ -108,7 +175,7 @@ def _live(core: Core, row: dict[str, Any]) -> dict[str, Any]:
     if live is not None:
         row.update(status=live.status.value, worker_id=live.worker_id,
                    context_tokens=live.context_tokens, steps=live.steps,
-                   active_request=live.active_request)
+                   active_request=live.active_request, pinned=live.pinned, held=live.held)
     return row
 
 

@@ -1,0 +1,139 @@
+"""Applies the program-aware KV policy (scheduling/kv) to the daemon's live state.
+
+The policy is pure: it reads a `KvView` built here and returns decisions. This
+module builds the view from the core's programs and workers, applies decisions
+(status changes, dispatching a restored program's pending request, aborting a
+request an operator moved with now=true) and records each one in the trace.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from daemon.state import ProgramState, ProgramStatus
+from scheduling.kv import (
+    Admit,
+    Decision,
+    KvConfig,
+    KvPolicy,
+    KvView,
+    MarkPauseAfterRequest,
+    MigrationPlan,
+    Pause,
+    ProgramView,
+    Restore,
+    WorkerView,
+    make_kv_policy,
+    plan_migration,
+)
+from scheduling.kv import ProgramStatus as KvStatus
+
+if TYPE_CHECKING:
+    from daemon.core import Core
+
+_TO_KV = {
+    ProgramStatus.QUEUED: KvStatus.QUEUED, ProgramStatus.REASONING: KvStatus.REASONING,
+    ProgramStatus.ACTING: KvStatus.ACTING, ProgramStatus.PAUSED: KvStatus.PAUSED,
+}
+
+
+class KvControl:
+    def __init__(self, core: Core, policy_name: str, config: KvConfig | None = None) -> None:
+        self.core = core
+        self.policy: KvPolicy = make_kv_policy(policy_name)
+        self.config = config or KvConfig()
+
+    # --- the view ---------------------------------------------------------------
+
+    def view(self) -> KvView:
+        workers = tuple(
+            WorkerView(w.id, w.kv_capacity_tokens,
+                       w.stats.kv_used_tokens if w.stats else 0, w.healthy)
+            for w in self.core.workers.values()
+        )
+        programs = tuple(_program_view(p) for p in self.core.programs.values()
+                         if p.status in _TO_KV and not p.held)
+        return KvView(workers, programs, self.config)
+
+    # --- calls into the policy --------------------------------------------------
+
+    def route(self, program: ProgramState) -> str | None:
+        if program.held:
+            return None
+        now = time.time()
+        worker_id = self.policy.route(self.view(), program.id, now)
+        if worker_id is not None and program.status in (ProgramStatus.QUEUED, ProgramStatus.PAUSED):
+            kind = Admit if program.status == ProgramStatus.QUEUED else Restore
+            self._record(kind(program.id, worker_id, "routed"), program)
+        return worker_id
+
+    def tick(self) -> None:
+        self.apply(self.policy.decide(self.view(), time.time()))
+
+    def request_ended(self, program: ProgramState) -> None:
+        if program.held and program.worker_id is not None:
+            self.apply([Pause(program.id, program.worker_id, "paused by an operator")])
+            return
+        self.apply(self.policy.on_request_end(self.view(), program.id, time.time()))
+
+    def migrate(self, program: ProgramState, target: str, now: bool, by: str) -> MigrationPlan:
+        program.held = False
+        plan = plan_migration(self.view(), program.id, target, now=now)
+        source = program.worker_id
+        self.apply(list(plan.decisions))
+        program.pinned = True
+        self.core.writer.trace(
+            "program.migrated", session_id=program.session_id, program_id=program.id,
+            worker_id=target, source=source, target=target, now=now, by=by,
+            recompute_tokens=plan.recompute_tokens,
+        )
+        return plan
+
+    # --- applying decisions -------------------------------------------------------
+
+    def apply(self, decisions: list[Decision]) -> None:
+        for decision in decisions:
+            program = self.core.programs.get(decision.program_id)
+            if program is None or program.status not in _TO_KV:
+                continue
+            if isinstance(decision, MarkPauseAfterRequest):
+                program.pause_marked = True
+                program.migrate_to = decision.restore_on
+            elif isinstance(decision, Pause):
+                self._pause(program, decision)
+            else:
+                program.worker_id = decision.worker_id
+                program.pause_marked = False
+                program.migrate_to = None
+                if program.ready_request is None:
+                    self.core.set_program_status(program, ProgramStatus.ACTING, decision.reason)
+            self._record(decision, program)
+        if decisions:
+            self.core.pump()
+
+    def _pause(self, program: ProgramState, decision: Pause) -> None:
+        if program.active_request is not None and program.status == ProgramStatus.REASONING:
+            self.core.requeue(program.active_request, f"paused: {decision.reason}")
+        program.pause_marked = False
+        self.core.set_program_status(program, ProgramStatus.PAUSED, decision.reason)
+
+    def _record(self, decision: Decision, program: ProgramState) -> None:
+        kind = {Pause: "kv.pause", MarkPauseAfterRequest: "kv.mark_pause",
+                Restore: "kv.restore", Admit: "kv.admit"}[type(decision)]
+        worker = getattr(decision, "worker_id", None) or getattr(decision, "restore_on", None)
+        self.core.writer.trace(
+            kind, session_id=program.session_id, program_id=program.id, worker_id=worker,
+            reason=decision.reason, context_tokens=program.context_tokens,
+            policy=self.policy.name,
+        )
+
+
+def _program_view(p: ProgramState) -> ProgramView:
+    return ProgramView(
+        program_id=p.id, status=_TO_KV[p.status], context_tokens=p.context_tokens,
+        created_at=p.created_at, worker_id=p.worker_id, acting_since=p.acting_since,
+        ready_since=p.ready_since, pending_request=p.ready_request is not None,
+        pinned=p.pinned, pause_marked=p.pause_marked, tool_time_mean_s=p.tool_time_mean_s,
+        migrate_to=p.migrate_to,
+    )
