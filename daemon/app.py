@@ -7,16 +7,20 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from litestar import Litestar
+from litestar import Litestar, Router
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
+from daemon import auth
 from daemon.api.errors import EXCEPTION_HANDLERS
 from daemon.api.gateway import GatewayController
-from daemon.api.rest import OpsController, RestController
+from daemon.api.rest import OperatorController, OpsController, RestController
+from daemon.api.tools_api import ToolsController
 from daemon.config import Config
 from daemon.core import Core
+from daemon.limits import Limits
 from daemon.supervisor import Supervisor
+from daemon.tool_service import ToolService
 from db.engine import make_engine, make_sessionmaker, upgrade
 from db.writer import BatchWriter
 
@@ -30,6 +34,9 @@ class Daemon:
         self.config = config
         self.core: Core | None = None
         self.supervisor: Supervisor | None = None
+        self.tools: ToolService | None = None
+        self.auth = auth.TokenAuth(enabled=config.auth)
+        self.limits = Limits(config)
 
     @asynccontextmanager
     async def lifespan(self, _app: Litestar) -> AsyncIterator[None]:
@@ -39,10 +46,16 @@ class Daemon:
         engine = make_engine(cfg.db_url)
         writer = BatchWriter(engine)
         writer.start()
-        core = Core(cfg, writer, make_sessionmaker(engine))
+        sessions = make_sessionmaker(engine)
+        self.auth.bind(sessions)
+        if cfg.auth:
+            await auth.ensure_first_token(sessions, cfg.config_path)
+        core = Core(cfg, writer, sessions)
         await core.load_known_sessions()
         await core.start()
         self.core = core
+        self.tools = ToolService(core, cfg)
+        await self.tools.start()
         writer.trace("daemon.started", endpoint=core.broker.endpoint)
         self.supervisor = Supervisor(cfg, core.broker.endpoint, on_event=writer.trace)
         await self.supervisor.start()
@@ -53,10 +66,15 @@ class Daemon:
         finally:
             log.info("agentd stopping")
             await self.supervisor.stop()
+            await self.tools.stop()
             await core.stop()
             writer.trace("daemon.stopped")
             await writer.stop()
             await engine.dispose()
+
+    def get_tools(self) -> ToolService:
+        assert self.tools is not None, "the daemon has not started"
+        return self.tools
 
     def get_core(self) -> Core:
         assert self.core is not None, "the daemon has not started"
@@ -65,17 +83,23 @@ class Daemon:
 
 def create_app(config: Config) -> Litestar:
     daemon = Daemon(config)
-    return Litestar(
-        route_handlers=[GatewayController, RestController, OpsController],
-        dependencies={"core": Provide(daemon.get_core, sync_to_thread=False)},
+    app = Litestar(
+        route_handlers=[GatewayController, RestController, OperatorController, OpsController,
+                        ToolsController],
+        guards=[auth.require_scope],
+        dependencies={"core": Provide(daemon.get_core, sync_to_thread=False),
+                      "tools": Provide(daemon.get_tools, sync_to_thread=False)},
         lifespan=[daemon.lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=config.max_body_bytes,
-        openapi_config=OpenAPIConfig(title="agentd", version="0.1.0", path="/schema"),
+        openapi_config=OpenAPIConfig(title="agentd", version="0.1.0", openapi_router=Router(
+            path="/schema", route_handlers=[], opt={"scope": auth.READ})),
         debug=False,
         logging_config=None,
-        state={"daemon": daemon},
+        state={"daemon": daemon, "auth": daemon.auth, "limits": daemon.limits},
     )
+    auth.apply_pending_declarations(app)
+    return app
 
 
 def app_daemon(app: Litestar) -> Any:

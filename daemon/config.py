@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -37,6 +38,7 @@ class Config:
     heartbeat_timeout_s: float = 3.0
     max_body_bytes: int = 4 * 1024 * 1024
     max_tokens_limit: int = 32768
+    kv_policy: str = "agentd"  # vllm-default | sticky | continuum-ttl | thunderagent | agentd
     log_format: str = "plain"  # plain | json
     log_level: str = "info"
     sim_kv_tokens: int = 65536
@@ -44,11 +46,23 @@ class Config:
     sim_cost_model: str = ""
     vllm_kv_cache_bytes: int = 256 * 1024 * 1024
     vllm_max_model_len: int = 2048
+    auth: bool = True  # false only on a loopback host
+    config_dir: str = ""  # holds the first-start operator token; empty = XDG config dir
+    max_prompt_chars: int = 1_000_000  # 0 = no limit
+    max_queued_requests: int = 10_000  # 0 = no limit
+    rate_limit_rps: float = 0.0  # per API token; 0 = off
+    rate_limit_burst: int = 0  # 0 = max(1, rate_limit_rps)
+    # Tool specs by name, from the config file's [tools.NAME] tables.
+    tools: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def data_path(self) -> Path:
         return Path(self.data_dir) if self.data_dir else default_data_dir()
+
+    @property
+    def config_path(self) -> Path:
+        return Path(self.config_dir) if self.config_dir else default_config_dir()
 
     @property
     def db_url(self) -> str:
@@ -125,7 +139,27 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"port must be 0-65535, got {cfg.port}")
     if cfg.workers < 0:
         raise ConfigError(f"workers must be >= 0, got {cfg.workers}")
+    from scheduling.kv import KV_POLICIES
+
+    if cfg.kv_policy not in KV_POLICIES:
+        raise ConfigError(
+            f"kv_policy must be one of {', '.join(sorted(KV_POLICIES))}, got {cfg.kv_policy!r}")
     if cfg.log_format not in ("plain", "json"):
         raise ConfigError(f"log_format must be 'plain' or 'json', got {cfg.log_format!r}")
     if cfg.heartbeat_timeout_s <= cfg.heartbeat_interval_s:
         raise ConfigError("heartbeat_timeout_s must be larger than heartbeat_interval_s")
+    for key in ("max_prompt_chars", "max_queued_requests", "rate_limit_rps", "rate_limit_burst"):
+        if getattr(cfg, key) < 0:
+            raise ConfigError(f"{key} must be >= 0 (0 turns the limit off)")
+    if not cfg.auth and not is_loopback(cfg.host):
+        raise ConfigError(f"auth = false is only allowed on a loopback host, not {cfg.host!r}; "
+                          "keep auth on and give clients a token (`agentd token create`)")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -12,6 +12,7 @@ import logging
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select
@@ -64,6 +65,9 @@ class Core:
         self._accepting = True
         self._pumping = False
         self.kv = KvControl(self, config.kv_policy)
+        # Parts that follow program lifecycles (tools) subscribe here.
+        self.on_program_end: list[Callable[[ProgramState], None]] = []
+        self.on_program_waiting: list[Callable[[ProgramState], None]] = []
         self.counters: dict[str, float] = {
             "requests_total": 0, "requests_failed": 0, "failovers": 0,
             "prompt_tokens": 0, "generation_tokens": 0, "cached_tokens": 0,
@@ -146,6 +150,13 @@ class Core:
         self.writer.trace("program.created", session_id=sid, program_id=program_id)
         return program
 
+    async def live_program_ids(self) -> set[str]:
+        live = [s.value for s in ProgramStatus if s not in (ProgramStatus.STOPPED,
+                                                           ProgramStatus.FAILED)]
+        async with self.sessions() as s:
+            rows = await s.scalars(select(models.Program.id).where(models.Program.status.in_(live)))
+            return set(rows.all())
+
     async def load_known_sessions(self) -> None:
         async with self.sessions() as s:
             self._known_sessions.update((await s.scalars(select(models.Session.id))).all())
@@ -162,13 +173,17 @@ class Core:
             "worker_id": program.worker_id, "context_tokens": program.context_tokens,
             "steps": program.steps,
         }
-        if status in (ProgramStatus.STOPPED, ProgramStatus.FAILED):
+        ended = status in (ProgramStatus.STOPPED, ProgramStatus.FAILED)
+        if ended:
             values["stopped_at"] = now
         self.writer.update("programs", program.id, **values)
         self.writer.trace(
             "program.status", session_id=program.session_id, program_id=program.id,
             old=old.value, new=status.value, reason=reason,
         )
+        if ended:
+            for callback in self.on_program_end:
+                callback(program)
 
     async def release_program(self, program_id: str) -> ProgramState:
         program = self.programs.get(program_id) or await self.load_program(program_id)
@@ -225,6 +240,8 @@ class Core:
             request_id=req.id, max_tokens=sampling.max_tokens,
         )
         self.queue.append(req.id)
+        for callback in self.on_program_waiting:
+            callback(program)
         self.pump()
         return req
 

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from tools.base import Backend, Resource
-from tools.errors import ToolError
+from tools.errors import Reason, ToolError
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +59,21 @@ async def find_orphans(
 
     Resources are listed *before* asking which programs are live: a program registered in
     between then cannot have its brand-new container mistaken for an orphan."""
-    found = [(b, r) for b in backends for r in await b.resources(daemon_id)]
+    found = [(b, r) for b in backends for r in await _resources_or_none(b, daemon_id)]
     answer = live_programs()
     live = set(await answer if inspect.isawaitable(answer) else answer)
     return [(b, r) for b, r in found if r.owner.program_id not in live]
+
+
+async def _resources_or_none(backend: Backend, daemon_id: str) -> list[Resource]:
+    """An engine that is down holds nothing we can reclaim now; the next sweep retries."""
+    try:
+        return list(await backend.resources(daemon_id))
+    except ToolError as exc:
+        if exc.reason != Reason.ENGINE_DOWN:
+            raise
+        log.warning("skipping %s in reconciliation: %s", type(backend).__name__, exc)
+        return []
 
 
 async def reconcile(

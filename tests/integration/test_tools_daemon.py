@@ -1,0 +1,110 @@
+"""Tools through the daemon: exec over REST, release at program end, declared tools
+prepared while the program waits, orphans reclaimed after a crash."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.daemon_process import DaemonProcess
+
+MODEL = "sim-llama3-8b"
+
+
+def config_file(tmp: Path, setup_s: float = 0.0) -> Path:
+    path = tmp / "agentd.toml"
+    setup = f'setup = ["sleep {setup_s}"]' if setup_s else ""
+    path.write_text(f"""
+[tools.shell]
+backend = "process"
+command = []
+exec_timeout_s = 10
+{setup}
+""")
+    return path
+
+
+@pytest.fixture
+def tool_daemon(daemon_factory, tmp_path: Path) -> DaemonProcess:  # type: ignore[no-untyped-def]
+    cfg = config_file(tmp_path, setup_s=1.5)
+    return daemon_factory(workers=1, extra_args=["--config", str(cfg)]).start()
+
+
+def chat(d: DaemonProcess, program: str, session: str | None = None) -> None:
+    openai.OpenAI(base_url=f"{d.url}/v1", api_key=d.token, max_retries=0).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "run the tests"}], max_tokens=2,
+        extra_body={"program_id": program, "session_id": session or program})
+
+
+def test_exec_round_trip_and_release_removes_everything(tool_daemon: DaemonProcess) -> None:
+    d = tool_daemon
+    chat(d, "p-tool", "s-tool")
+    r = d.post("/v1/programs/p-tool/tools/shell/exec",
+               json={"command": "echo hello > f.txt; cat f.txt; exit 3"})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["exit_code"] == 3 and out["stdout"].strip() == "hello" and out["reason"] == "exit"
+    r = d.post("/v1/programs/p-tool/tools/shell/exec", json={"command": "sleep 5",
+                                                              "timeout_s": 0.5})
+    assert r.json()["reason"] == "timeout"
+    owned = [t for t in d.get("/v1/tools").json()["data"] if t.get("program_id") == "p-tool"]
+    assert owned
+    assert d.post("/v1/programs/p-tool/release").status_code == 200
+    deadline = time.time() + 10
+    while time.time() < deadline and any(
+            t.get("program_id") == "p-tool" for t in d.get("/v1/tools").json()["data"]):
+        time.sleep(0.2)
+    assert not [t for t in d.get("/v1/tools").json()["data"] if t.get("program_id") == "p-tool"]
+    kinds = [e["kind"] for e in d.get("/v1/sessions/s-tool/trace").json()["data"]]
+    assert {"tool.exec.start", "tool.exec.end", "tool.release"} <= set(kinds)
+
+
+def test_tool_errors_are_structured(tool_daemon: DaemonProcess) -> None:
+    d = tool_daemon
+    chat(d, "p-err")
+    r = d.post("/v1/programs/p-err/tools/nope/exec", json={"command": "true"})
+    assert r.status_code == 404 and "nope" in r.json()["error"]["message"]
+    r = d.post("/v1/programs/p-err/tools/shell/exec", json={"command": ""})
+    assert r.status_code == 400
+    r = d.post("/v1/programs/missing/tools/shell/exec", json={"command": "true"})
+    assert r.status_code == 404
+
+
+def test_declared_tool_prepares_while_waiting(tool_daemon: DaemonProcess) -> None:
+    d = tool_daemon
+    r = d.post("/v1/programs/p-early/tools", json={"tools": ["shell"]})
+    assert r.status_code == 200, r.text
+    t0 = time.time()
+    chat(d, "p-early")  # queued → preparation starts now, overlapping the LLM call
+    time.sleep(1.6)  # the program "reasons" about as long as setup takes
+    t1 = time.time()
+    r = d.post("/v1/programs/p-early/tools/shell/exec", json={"command": "echo ready"})
+    waited = r.json()["duration_s"]
+    assert r.json()["stdout"].strip() == "ready"
+    assert time.time() - t1 < 1.0, f"setup was not hidden (exec took {waited}s, since {t0})"
+    kinds = [e["kind"] for e in d.get("/v1/sessions/p-early/trace").json()["data"]]
+    assert kinds.index("tool.prepare.start") < kinds.index("request.finished")
+
+
+def test_orphans_reclaimed_after_daemon_crash(daemon_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cfg = config_file(tmp_path)
+    d: DaemonProcess = daemon_factory(workers=1, extra_args=["--config", str(cfg)]).start()
+    chat(d, "p-orphan")
+    assert d.post("/v1/programs/p-orphan/tools/shell/exec",
+                  json={"command": "echo x > data"}).status_code == 200
+    tools_dir = d.data_dir / "tools"
+    assert any(tools_dir.rglob("data"))
+    d.kill()  # SIGKILL: no release happens
+    d._reap_group()
+    # The program is marked stopped while the daemon is down (an operator's release).
+    import sqlite3
+    con = sqlite3.connect(d.data_dir / "agentd.db")
+    con.execute("UPDATE programs SET status='STOPPED' WHERE id='p-orphan'")
+    con.commit()
+    con.close()
+    d.start()
+    assert not any(tools_dir.rglob("data"))
+    assert not [t for t in d.get("/v1/tools").json()["data"] if t.get("program_id") == "p-orphan"]
