@@ -16,6 +16,7 @@ from typing import Any
 from console import render
 from console.client import DEFAULT_TIMEOUT_S, AgentdClient, ClientError, api, scalar_metrics
 from console.client import trace_pages as _trace_pages
+from console.tui import add_tui_parser
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -87,6 +88,48 @@ def cmd_release(c: AgentdClient, a: argparse.Namespace) -> int:
         _dump(answer)
     else:
         _out(f"released {answer['id']} (now {answer['status']})")
+    return EXIT_OK
+
+
+def cmd_action(c: AgentdClient, a: argparse.Namespace) -> int:
+    answer = c.call(api.program_action(a.command, a.program_id))
+    if a.json:
+        _dump(answer)
+    else:
+        _out(f"{a.command}: {answer['id']} is now {answer['status']}")
+    return EXIT_OK
+
+
+def cmd_migrate(c: AgentdClient, a: argparse.Namespace) -> int:
+    kind = "session" if a.session else "program"
+    answer = c.call(api.migrate(kind, a.ident, a.worker, a.now))
+    if a.json:
+        _dump(answer)
+        return EXIT_OK
+    for move in answer["data"]:
+        when = "after its running request" if move["deferred"] else "now"
+        _out(f"{move['program_id']}: {move['from'] or '-'} -> {move['to']} ({when}; "
+             f"{move['recompute_tokens']} tokens to recompute)")
+    return EXIT_OK
+
+
+def cmd_tools(c: AgentdClient, a: argparse.Namespace) -> int:
+    if a.tools_action == "gc":
+        answer = c.call(api.tools_gc(dry_run=a.dry_run))
+        rows = answer["data"]
+        verb = "would reclaim" if a.dry_run else "reclaimed"
+    else:
+        answer = c.call(api.tools())
+        rows = answer["data"]
+        verb = ""
+    if a.json:
+        _dump(answer)
+        return EXIT_OK
+    if verb:
+        _out(f"{verb} {len(rows)} resource(s)")
+    for r in rows:
+        _out(f"{r.get('backend', '-'):8} {r.get('resource', '-'):10} {r.get('program_id', '-'):24} "
+             f"{r.get('tool', '-'):12} {r.get('state', '-'):10} {r.get('disk_bytes') or 0:>10}B")
     return EXIT_OK
 
 
@@ -217,6 +260,11 @@ _COMMANDS: dict[str, tuple[Command, str]] = {
     "sessions": (cmd_sessions, "sessions, newest first"),
     "trace": (cmd_trace, "a session's trace as a readable timeline"),
     "chat": (cmd_chat, "one chat completion round trip"),
+    "pause": (cmd_action, "operator: pause a program until resumed"),
+    "resume": (cmd_action, "operator: let the scheduler restore a paused program"),
+    "kill": (cmd_action, "operator: abort a program's request and end it"),
+    "migrate": (cmd_migrate, "operator: move a program or session to a worker"),
+    "tools": (cmd_tools, "tool environments: list, or gc [--dry-run]"),
 }
 
 
@@ -232,7 +280,15 @@ def build_parser() -> argparse.ArgumentParser:
     subs["programs"].add_argument("--session", help="only this session's programs")
     subs["programs"].add_argument("--limit", type=_positive, default=50)
     subs["program"].add_argument("program_id", metavar="ID")
-    subs["release"].add_argument("program_id", metavar="ID")
+    for action in ("release", "pause", "resume", "kill"):
+        subs[action].add_argument("program_id", metavar="ID")
+    subs["migrate"].add_argument("ident", metavar="ID", help="program id (or session id)")
+    subs["migrate"].add_argument("worker", metavar="WORKER", help="target worker id")
+    subs["migrate"].add_argument("--session", action="store_true", help="ID is a session")
+    subs["migrate"].add_argument("--now", action="store_true",
+                                 help="abort a running request and continue it on the target")
+    subs["tools"].add_argument("tools_action", nargs="?", choices=["list", "gc"], default="list")
+    subs["tools"].add_argument("--dry-run", action="store_true", help="gc: only list")
     subs["sessions"].add_argument("--limit", type=_positive, default=50)
     subs["trace"].add_argument("session_id", metavar="SESSION")
     chat = subs["chat"]
@@ -242,12 +298,13 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--program", help="program id, to make this a step of that program")
     chat.add_argument("--session", help="session id for a new program")
     chat.add_argument("--stream", action="store_true", help="print tokens as they arrive")
+    add_tui_parser(sub, lambda p: _common(p, suppress=True))
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    command, _ = _COMMANDS[args.command]
+    command = getattr(args, "tui_command", None) or _COMMANDS[args.command][0]
     try:
         with AgentdClient(args.url, args.token, args.timeout) as client:
             return command(client, args)

@@ -121,6 +121,27 @@ class api:
         return Call("POST", f"/v1/programs/{_seg(program_id)}/release")
 
     @staticmethod
+    def program_action(action: str, program_id: str) -> Call:
+        """POST /v1/programs/{id}/pause|resume|release|kill."""
+        if action not in ("pause", "resume", "release", "kill"):
+            raise ValueError(f"unknown program action {action!r}")
+        return Call("POST", f"/v1/programs/{_seg(program_id)}/{action}")
+
+    @staticmethod
+    def migrate(kind: str, ident: str, worker_id: str, now: bool = False) -> Call:
+        """POST /v1/programs/{id}/migrate or /v1/sessions/{id}/migrate."""
+        return Call("POST", f"/v1/{kind}s/{_seg(ident)}/migrate",
+                    body={"worker_id": worker_id, "now": now})
+
+    @staticmethod
+    def tools() -> Call:
+        return Call("GET", "/v1/tools")
+
+    @staticmethod
+    def tools_gc(dry_run: bool) -> Call:
+        return Call("POST", "/v1/tools/gc", body={"dry_run": dry_run})
+
+    @staticmethod
     def sessions(limit: int = 100, offset: int = 0) -> Call:
         return Call("GET", "/v1/sessions", {"limit": limit, "offset": offset})
 

@@ -242,3 +242,36 @@ async def test_async_client_shares_the_calls(daemon: DaemonProcess, xdg: Path) -
         with pytest.raises(ClientError, match="unknown program 'nope'") as err:
             await client.call(api.program("nope"))
         assert err.value.status == 404 and err.value.code == "not_found"
+
+
+def test_operator_commands_act_on_the_daemon(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import openai
+
+    from tests.daemon_process import DaemonProcess
+
+    d = DaemonProcess(data_dir=tmp_path / "ops", workers=2).start()
+    try:
+        openai.OpenAI(base_url=f"{d.url}/v1", api_key=d.token,
+                      max_retries=0).chat.completions.create(
+            model="sim-llama3-8b", messages=[{"role": "user", "content": "x"}], max_tokens=2,
+            extra_body={"program_id": "p-ops", "session_id": "s-ops"})
+        env = {**os.environ, "AGENTD_URL": d.url, "AGENTD_TOKEN": d.token}
+
+        def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "console.agentctl", *args], env=env,
+                                  capture_output=True, text=True, timeout=30)
+
+        assert "PAUSED" in ctl("pause", "p-ops").stdout
+        assert d.get("/v1/programs/p-ops").json()["held"] is True
+        assert ctl("resume", "p-ops").returncode == 0
+        source = d.get("/v1/programs/p-ops").json()["worker_id"]
+        [target] = [w["id"] for w in d.get("/v1/workers").json()["data"] if w["id"] != source]
+        out = ctl("migrate", "s-ops", target, "--session")
+        assert out.returncode == 0 and f"-> {target}" in out.stdout, out.stderr
+        assert d.get("/v1/programs/p-ops").json()["worker_id"] == target
+        assert "would reclaim 0" in ctl("tools", "gc", "--dry-run").stdout
+        assert "FAILED" in ctl("kill", "p-ops").stdout
+        bad = ctl("migrate", "p-ops", target)
+        assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "ended" in bad.stderr
+    finally:
+        d.stop()

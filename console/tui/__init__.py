@@ -1,0 +1,85 @@
+"""`agentctl tui` (interactive) and `agentctl top` (one text screen), wired by agentctl.
+
+`add_tui_parser(subparsers)` adds both subcommands; each sets `tui_command`, a
+function with agentctl's command signature `(AgentdClient, Namespace) -> int`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from console import render
+from console.client import AgentdClient, AsyncAgentdClient, api
+
+EXIT_OK = 0
+TOP_PROGRAMS = 15
+
+
+def top_text(c: AgentdClient) -> str:
+    """The `top` screen: status, workers and the newest programs, as plain text."""
+    health = c.call(api.healthz())
+    workers = c.call(api.workers())["data"]
+    programs = c.call(api.programs(limit=TOP_PROGRAMS))
+    counts = {s: int(c.call(api.programs(status=s, limit=1))["total"])
+              for s in render.PROGRAM_STATUSES}
+    return "\n\n".join([
+        render.status_view(c.url, health, workers, counts, {}),
+        render.workers_table(workers),
+        render.programs_table(programs["data"], programs["total"]),
+    ])
+
+
+def cmd_top(c: AgentdClient, a: argparse.Namespace) -> int:
+    if a.once:
+        print(top_text(c), flush=True)
+        return EXIT_OK
+    try:
+        while True:
+            text = top_text(c)
+            print("\x1b[2J\x1b[H" + text, flush=True)
+            time.sleep(a.interval)
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def cmd_tui(c: AgentdClient, a: argparse.Namespace) -> int:
+    from console.tui.app import AgentdTui  # textual loads only for this command
+
+    if not sys.stdout.isatty():
+        print("agentctl tui needs a terminal; use `agentctl top --once` for text",
+              file=sys.stderr)
+        return 2
+    client = AsyncAgentdClient(c.url, c.token, min(c.timeout, 5.0))
+    AgentdTui(client, read_only=a.read_only, poll_interval=a.interval).run()
+    return EXIT_OK
+
+
+def _interval(text: str) -> float:
+    value = float(text)
+    if value < 0.1:
+        raise argparse.ArgumentTypeError("the interval must be at least 0.1 seconds")
+    return value
+
+
+def add_tui_parser(subparsers: Any,
+                   common: Callable[[argparse.ArgumentParser], None] | None = None) -> None:
+    """Add `tui` and `top` to agentctl's subparsers; `common` adds the shared flags."""
+    tui = subparsers.add_parser("tui", help="interactive terminal UI (keys: ? in the app)",
+                                description="interactive terminal UI; press ? for its keys")
+    tui.add_argument("--read-only", action="store_true",
+                     help="watch only: pause/resume/release/kill/migrate are disabled")
+    tui.add_argument("--interval", type=_interval, default=1.0, metavar="SECONDS",
+                     help="poll interval (default: %(default)s)")
+    tui.set_defaults(tui_command=cmd_tui)
+    top = subparsers.add_parser("top", help="a one-screen text summary, refreshed",
+                                description="a one-screen text summary, refreshed")
+    top.add_argument("--once", action="store_true", help="print once and exit")
+    top.add_argument("--interval", type=_interval, default=2.0, metavar="SECONDS")
+    top.set_defaults(tui_command=cmd_top)
+    for parser in (tui, top):
+        if common is not None:
+            common(parser)

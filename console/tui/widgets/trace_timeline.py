@@ -1,0 +1,90 @@
+"""A session's spans as horizontal bars scaled to the widget's width; one is selected."""
+
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+from textual.binding import Binding
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from console.render import seconds
+from console.tui.timeline import GLYPHS, STYLES, Span, bar_cells, bounds
+
+LABEL_WIDTH = 26
+
+
+class TraceTimeline(Widget, can_focus=True):
+    BINDINGS = [
+        Binding("up,k", "move(-1)", "prev span", show=False),
+        Binding("down,j", "move(1)", "next span", show=False),
+        Binding("home", "jump(0)", "first", show=False),
+        Binding("end", "jump(-1)", "last", show=False),
+        Binding("enter", "choose", "details"),
+    ]
+    selected: reactive[int] = reactive(0)
+
+    class SpanSelected(Message):
+        def __init__(self, span: Span) -> None:
+            super().__init__()
+            self.span = span
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.spans: list[Span] = []
+
+    def show_spans(self, spans: list[Span]) -> None:
+        at_end = self.selected >= len(self.spans) - 1
+        self.spans = spans
+        # follow the newest span unless the operator moved away from it
+        self.selected = len(spans) - 1 if at_end else min(self.selected, len(spans) - 1)
+        self.selected = max(self.selected, 0)
+        self.refresh()
+
+    def action_move(self, delta: int) -> None:
+        if self.spans:
+            self.selected = min(max(self.selected + delta, 0), len(self.spans) - 1)
+
+    def action_jump(self, index: int) -> None:
+        if self.spans:
+            self.selected = index % len(self.spans)
+
+    def action_choose(self) -> None:
+        if self.spans:
+            self.post_message(self.SpanSelected(self.spans[self.selected]))
+
+    def watch_selected(self) -> None:
+        self.refresh()
+
+    def render(self) -> Text:
+        if not self.spans:
+            return Text("no requests in this session yet", style="italic")
+        now = time.time()
+        t0, t1 = bounds(self.spans, now)
+        width = max(self.size.width - LABEL_WIDTH - 1, 10)
+        first = self._first_visible()
+        out = Text(f"{'':<{LABEL_WIDTH}}0s{seconds(t1 - t0):>{width - 2}}\n", style="dim")
+        for i, span in enumerate(self.spans[first:first + self._rows()], start=first):
+            out.append_text(self._line(span, t0, t1, width, now, i == self.selected))
+            out.append("\n")
+        return out
+
+    def _rows(self) -> int:
+        return max(self.size.height - 1, 1)
+
+    def _first_visible(self) -> int:
+        rows = self._rows()
+        return max(0, min(self.selected - rows // 2, len(self.spans) - rows))
+
+    @staticmethod
+    def _line(span: Span, t0: float, t1: float, width: int, now: float, chosen: bool) -> Text:
+        a, b = bar_cells(span, t0, t1, width, now)
+        label = f"{'▶' if chosen else ' '}{span.label}"[:LABEL_WIDTH]
+        line = Text(f"{label:<{LABEL_WIDTH}}", style="reverse" if chosen else "")
+        line.append(" " * a)
+        glyph = GLYPHS[span.kind]
+        line.append(glyph if span.kind == "migrate" else glyph * (b - a + 1),
+                    style=STYLES[span.kind])
+        return line
