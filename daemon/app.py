@@ -21,6 +21,7 @@ from daemon.core import Core
 from daemon.limits import Limits
 from daemon.supervisor import Supervisor
 from daemon.tool_service import ToolService
+from webui import create_ui_router
 from db.engine import make_engine, make_sessionmaker, upgrade
 from db.writer import BatchWriter
 
@@ -85,7 +86,7 @@ def create_app(config: Config) -> Litestar:
     daemon = Daemon(config)
     app = Litestar(
         route_handlers=[GatewayController, RestController, OperatorController, OpsController,
-                        ToolsController],
+                        ToolsController, create_ui_router(config.base_url)],
         guards=[auth.require_scope],
         dependencies={"core": Provide(daemon.get_core, sync_to_thread=False),
                       "tools": Provide(daemon.get_tools, sync_to_thread=False)},

@@ -1,0 +1,3 @@
+from webui.controllers import create_ui_router
+
+__all__ = ["create_ui_router"]

@@ -1,0 +1,91 @@
+"""The web UI's only way to the daemon: its public REST API over HTTP, as the user."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+
+class ApiError(Exception):
+    """A non-2xx answer from the daemon, with the message its error body carried."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def seg(value: str) -> str:
+    """One path segment, percent-encoded (ids may hold '/', '<', spaces...)."""
+    return quote(value, safe="")
+
+
+class Api:
+    """One user's view of the daemon, authenticated with that user's API token."""
+
+    def __init__(self, base_url: str, token: str, timeout: float = 10.0) -> None:
+        self._client = httpx.AsyncClient(
+            base_url=base_url, timeout=timeout,
+            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"})
+
+    async def __aenter__(self) -> Api:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._client.aclose()
+
+    async def get(self, path: str, **params: Any) -> Any:
+        query = {k: v for k, v in params.items() if v not in (None, "")}
+        return self._answer(await self._client.get(path, params=query))
+
+    async def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        return self._answer(await self._client.post(path, json=body))
+
+    @staticmethod
+    def _answer(response: httpx.Response) -> Any:
+        if response.is_success:
+            return response.json()
+        message = response.text[:500]
+        try:
+            error = response.json().get("error", {})
+            message = str(error.get("message", message))
+        except (ValueError, AttributeError):
+            pass
+        raise ApiError(response.status_code, message)
+
+    # --- the endpoints the UI reads ---------------------------------------------------
+
+    async def workers(self) -> list[dict[str, Any]]:
+        return list((await self.get("/v1/workers"))["data"])
+
+    async def health(self) -> dict[str, Any]:
+        response = await self._client.get("/healthz")
+        return dict(response.json())
+
+    async def programs(self, status: str | None = None, session: str | None = None,
+                       limit: int = 100, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+        body = await self.get("/v1/programs", status=status, session=session, limit=limit,
+                              offset=offset)
+        return list(body["data"]), int(body["total"])
+
+    async def sessions(self, limit: int = 100,
+                       offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+        body = await self.get("/v1/sessions", limit=limit, offset=offset)
+        return list(body["data"]), int(body["total"])
+
+    async def session(self, session_id: str) -> dict[str, Any]:
+        return dict(await self.get(f"/v1/sessions/{seg(session_id)}"))
+
+    async def trace(self, session_id: str, max_events: int = 5000) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        after = 0
+        while len(events) < max_events:
+            body = await self.get(f"/v1/sessions/{seg(session_id)}/trace", after=after,
+                                  limit=min(1000, max_events - len(events)))
+            events.extend(body["data"])
+            if body.get("next_after") is None:
+                break
+            after = int(body["next_after"])
+        return events
