@@ -16,7 +16,9 @@ from typing import Any
 from console import render
 from console.client import DEFAULT_TIMEOUT_S, AgentdClient, ClientError, api, scalar_metrics
 from console.client import trace_pages as _trace_pages
+from console.policy_cmd import add_policy_parser
 from console.tui import add_tui_parser
+from console.workflow_cmd import add_workflow_parser
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -299,12 +301,15 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--session", help="session id for a new program")
     chat.add_argument("--stream", action="store_true", help="print tokens as they arrive")
     add_tui_parser(sub, lambda p: _common(p, suppress=True))
+    add_policy_parser(sub, lambda p: _common(p, suppress=True))
+    add_workflow_parser(sub, lambda p: _common(p, suppress=True))
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    command = getattr(args, "tui_command", None) or _COMMANDS[args.command][0]
+    command = (getattr(args, "tui_command", None) or getattr(args, "policy_command", None)
+               or _COMMANDS[args.command][0])
     try:
         with AgentdClient(args.url, args.token, args.timeout) as client:
             return command(client, args)

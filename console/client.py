@@ -42,6 +42,8 @@ class ClientError(Exception):
 
 def token_path(env: Mapping[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
+    if env.get("AGENTD_CONFIG_DIR"):  # the same override the daemon writes its token under
+        return Path(env["AGENTD_CONFIG_DIR"]) / "token"
     base = env.get("XDG_CONFIG_HOME") or str(Path(env.get("HOME") or Path.home()) / ".config")
     return Path(base) / "agentd" / "token"
 

@@ -14,16 +14,18 @@ from litestar.openapi import OpenAPIConfig
 from daemon import auth
 from daemon.api.errors import EXCEPTION_HANDLERS
 from daemon.api.gateway import GatewayController
+from daemon.api.policies_api import install_policies
 from daemon.api.rest import OperatorController, OpsController, RestController
 from daemon.api.tools_api import ToolsController
 from daemon.config import Config
 from daemon.core import Core
 from daemon.limits import Limits
+from daemon.runtime.wiring import install_workflows
 from daemon.supervisor import Supervisor
 from daemon.tool_service import ToolService
-from webui import create_ui_router
 from db.engine import make_engine, make_sessionmaker, upgrade
 from db.writer import BatchWriter
+from webui import create_ui_router
 
 log = logging.getLogger("agentd")
 
@@ -99,7 +101,8 @@ def create_app(config: Config) -> Litestar:
         logging_config=None,
         state={"daemon": daemon, "auth": daemon.auth, "limits": daemon.limits},
     )
-    auth.apply_pending_declarations(app)
+    install_policies(app)
+    install_workflows(app)
     return app
 
 

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from daemon.config import ConfigError
+from daemon.replay.cli import add_replay_parser
+from daemon.token_cli import add_token_parser
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -152,12 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--max-batch", type=int, default=64)
     w.add_argument("--block-size", type=int)
     w.add_argument("--kv-tokens", type=int, default=65536, help="sim: KV capacity in tokens")
-    w.add_argument("--time-scale", type=float, default=1.0, help="sim: <1 runs faster than modelled")
+    w.add_argument("--time-scale", type=float, default=1.0,
+                   help="sim: <1 runs faster than modelled")
     w.add_argument("--cost-model", default="llama3-8b-h100",
                    help="sim: a shipped cost model name or a JSON file from `agentd calibrate`")
     w.add_argument("--kv-cache-bytes", type=int, default=256 * 1024 * 1024, help="vllm")
     w.add_argument("--max-model-len", type=int, default=2048, help="vllm")
-    w.add_argument("--dtype", default="bfloat16", help="vllm")
+    w.add_argument("--dtype", default="float32",
+                   help="vllm (float32: vLLM's CPU bf16 kernels flip SmolLM2's greedy answers)")
     w.add_argument("--no-enforce-eager", action="store_true", help="vllm: allow compiled mode")
     w.add_argument("--log-level", default="info")
     w.set_defaults(func=cmd_worker)
@@ -167,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     f = msub.add_parser("fetch-smollm2", help="download and convert SmolLM2-135M-Instruct")
     f.add_argument("dest", nargs="?", default=None)
     f.set_defaults(func=cmd_model_fetch)
+    add_token_parser(sub)
+    add_replay_parser(sub)
     return p
 
 

@@ -46,6 +46,8 @@ class Config:
     sim_cost_model: str = ""
     vllm_kv_cache_bytes: int = 256 * 1024 * 1024
     vllm_max_model_len: int = 2048
+    vllm_dtype: str = "float32"
+    vllm_block_size: int = 128  # a multiple of 32 on CPU
     auth: bool = True  # false only on a loopback host
     config_dir: str = ""  # holds the first-start operator token; empty = XDG config dir
     max_prompt_chars: int = 1_000_000  # 0 = no limit

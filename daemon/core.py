@@ -130,7 +130,9 @@ class Core:
             context_tokens=row.context_tokens, steps=row.steps, pinned=row.pinned,
         )
 
-    def _create_program(self, program_id: str, session_id: str | None, pinned: bool) -> ProgramState:
+    def _create_program(
+        self, program_id: str, session_id: str | None, pinned: bool
+    ) -> ProgramState:
         now = time.time()
         sid = session_id or program_id
         if sid not in self._known_sessions:
@@ -250,7 +252,8 @@ class Core:
         if req is None or req.status not in (RequestStatus.QUEUED, RequestStatus.RUNNING):
             return
         if req.status == RequestStatus.RUNNING and req.worker_id in self.workers:
-            self.broker.send(self.workers[req.worker_id].identity, protocol.Abort(request_id=req.id))
+            worker = self.workers[req.worker_id]
+            self.broker.send(worker.identity, protocol.Abort(request_id=req.id))
         self._end_request(req, RequestStatus.ABORTED, "abort", error=reason)
 
     def pump(self) -> None:
@@ -350,8 +353,6 @@ class Core:
             return
         now = time.time()
         old = self.workers.get(msg.worker_id)
-        if old is not None and old.inflight:
-            self._fail_over(old, "worker re-registered")
         worker = WorkerState(
             id=msg.worker_id, identity=identity, engine=msg.engine, model=msg.model,
             kv_capacity_tokens=msg.kv_capacity_tokens, block_size=msg.block_size,
@@ -375,6 +376,9 @@ class Core:
             kv_capacity_tokens=msg.kv_capacity_tokens, pid=msg.pid,
         )
         log.info("worker %s registered (%s, %s)", worker.id, msg.engine, msg.model)
+        # Only after the ack: a restarted worker lost whatever its previous process ran.
+        if old is not None and old.inflight:
+            self._fail_over(old, "worker restarted")
         self.pump()
 
     def _on_delta(self, worker: WorkerState, msg: protocol.TokenDelta) -> None:
@@ -549,7 +553,7 @@ class Core:
         limit = self.config.extra.get("queue_timeout_s", 60.0)
         for rid in list(self.queue):
             req = self.requests.get(rid)
-            if req is not None and req.status == RequestStatus.QUEUED and now - req.queued_at > limit:
+            if req and req.status == RequestStatus.QUEUED and now - req.queued_at > limit:
                 self._end_request(req, RequestStatus.FAILED, "error",
                                   error=f"no healthy worker for {limit:.0f}s")
 

@@ -125,7 +125,7 @@ class KvControl:
         self.core.writer.trace(
             kind, session_id=program.session_id, program_id=program.id, worker_id=worker,
             reason=decision.reason, context_tokens=program.context_tokens,
-            policy=self.policy.name,
+            policy=self.policy.name, policy_version=getattr(self.policy, "version", None),
         )
 
 

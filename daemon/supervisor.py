@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from daemon.config import Config
 log = logging.getLogger("agentd.supervisor")
 
 MAX_BACKOFF_S = 30.0
+STABLE_AFTER_S = 60.0
 
 
 def worker_command(cfg: Config, endpoint: str, worker_id: str) -> list[str]:
@@ -33,7 +35,8 @@ def worker_command(cfg: Config, endpoint: str, worker_id: str) -> list[str]:
             cmd += ["--model", cfg.model]
     else:
         cmd += ["--kv-cache-bytes", str(cfg.vllm_kv_cache_bytes),
-                "--max-model-len", str(cfg.vllm_max_model_len)]
+                "--max-model-len", str(cfg.vllm_max_model_len), "--dtype", cfg.vllm_dtype,
+                "--block-size", str(cfg.vllm_block_size)]
         if cfg.model:
             cmd += ["--model", cfg.model]
     return cmd
@@ -63,6 +66,7 @@ class Supervisor:
             )
             self.procs[worker_id] = proc
             self.on_event("worker.process.started", worker_id=worker_id, pid=proc.pid)
+            started = time.monotonic()
             code = await proc.wait()
             if self._stopping:
                 return
@@ -71,7 +75,9 @@ class Supervisor:
             self.on_event("worker.process.exited", worker_id=worker_id, exit_code=code,
                           restart_in_s=backoff)
             await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, MAX_BACKOFF_S)
+            # A worker that ran a while before dying gets a quick restart again.
+            ran_long = time.monotonic() - started > STABLE_AFTER_S
+            backoff = 0.5 if ran_long else min(backoff * 2, MAX_BACKOFF_S)
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         self._stopping = True

@@ -43,7 +43,10 @@ class Session(Base):
 
 class Program(Base):
     __tablename__ = "programs"
-    __table_args__ = (Index("ix_programs_session", "session_id"), Index("ix_programs_status", "status"))
+    __table_args__ = (
+        Index("ix_programs_session", "session_id"),
+        Index("ix_programs_status", "status"),
+    )
 
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"))
@@ -77,7 +80,8 @@ class Request(Base):
     context_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     kind: Mapped[str] = mapped_column(String(16))  # chat | completion
     model: Mapped[str] = mapped_column(String(256))
-    status: Mapped[str] = mapped_column(String(16))  # queued | running | finished | aborted | failed
+    # queued | running | finished | aborted | failed
+    status: Mapped[str] = mapped_column(String(16))
     worker_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     priority: Mapped[int] = mapped_column(Integer, default=0)
     max_tokens: Mapped[int] = mapped_column(Integer)

@@ -10,6 +10,7 @@ await `flush()`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -101,10 +102,8 @@ class BatchWriter:
 
     async def _run(self) -> None:
         while True:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._interval)
-            except TimeoutError:
-                pass
             self._wake.clear()
             if not self._pending:
                 continue
@@ -134,16 +133,18 @@ class BatchWriter:
             log.exception("store batch of %d operations failed", len(batch))
 
 
-def _coalesce(
-    batch: list[_Op],
-) -> tuple[dict[str, dict[Any, dict[str, Any]]], dict[tuple[Table, tuple[str, ...]], list[dict[str, Any]]]]:
+_Inserts = dict[str, dict[Any, dict[str, Any]]]
+_Updates = dict[tuple[Table, tuple[str, ...]], list[dict[str, Any]]]
+
+
+def _coalesce(batch: list[_Op]) -> tuple[_Inserts, _Updates]:
     """Fold a batch into one insert per new row and one update per changed row.
 
     The batch commits as one transaction, so only its final state matters: an update
     of a row inserted in the same batch merges into the insert, and several updates
     of one row merge into one. Updates with the same columns run as one executemany.
     """
-    inserts: dict[str, dict[Any, dict[str, Any]]] = {}
+    inserts: _Inserts = {}
     pending: dict[tuple[Table, Any], dict[str, Any]] = {}
     for n, op in enumerate(batch):
         if isinstance(op, _Insert):
@@ -156,7 +157,7 @@ def _coalesce(
             new_row.update(op.values)
         else:
             pending.setdefault((op.table, op.key), {}).update(op.values)
-    updates: dict[tuple[Table, tuple[str, ...]], list[dict[str, Any]]] = {}
+    updates: _Updates = {}
     for (table, key), values in pending.items():
         updates.setdefault((table, tuple(sorted(values))), []).append({**values, "_key": key})
     return inserts, updates

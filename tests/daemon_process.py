@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -31,6 +32,36 @@ class DaemonProcess:
     extra_args: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
+    # Where the daemon writes its first-start operator token (AGENTD_CONFIG_DIR), so
+    # tests never touch the real home; defaults to <data_dir>/config.
+    config_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.config_dir is not None:
+            return
+        if self.env.get("AGENTD_CONFIG_DIR"):
+            self.config_dir = Path(self.env["AGENTD_CONFIG_DIR"])
+        elif "AGENTD_CONFIG_DIR" in self.env:
+            # Set but empty: the daemon falls back to the XDG config dir, as for users.
+            xdg = self.env.get("XDG_CONFIG_HOME") or os.environ.get("XDG_CONFIG_HOME")
+            self.config_dir = Path(xdg or Path.home() / ".config") / "agentd"
+        else:
+            self.config_dir = self.data_dir / "config"
+
+    @property
+    def token_path(self) -> Path:
+        assert self.config_dir is not None
+        return self.config_dir / "token"
+
+    @property
+    def token(self) -> str:
+        """The operator token the daemon wrote on its first start."""
+        return self.token_path.read_text().strip()
+
+    def auth_headers(self, token: str | None = None) -> dict[str, str]:
+        if token is None and not self.token_path.exists():
+            return {}  # a daemon started with auth off writes no token
+        return {"Authorization": f"Bearer {token or self.token}"}
 
     @property
     def url(self) -> str:
@@ -39,8 +70,7 @@ class DaemonProcess:
     def start(self, wait_workers: int | None = None, timeout: float = 60.0) -> DaemonProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.data_dir / f"daemon-{int(time.time() * 1000)}.log"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "AGENTD_HEARTBEAT_INTERVAL_S": "0.2",
-               "AGENTD_HEARTBEAT_TIMEOUT_S": "1.5", **self.env}
+        env = self.process_env()
         cmd = [sys.executable, "-m", "daemon.cli", "start", "--port", str(self.port),
                "--data-dir", str(self.data_dir), "--workers", str(self.workers),
                "--engine", self.engine, *self.extra_args]
@@ -49,6 +79,17 @@ class DaemonProcess:
                                          start_new_session=True)
         self.wait_ready(self.workers if wait_workers is None else wait_workers, timeout)
         return self
+
+    def process_env(self) -> dict[str, str]:
+        return {**os.environ, "PYTHONUNBUFFERED": "1", "AGENTD_HEARTBEAT_INTERVAL_S": "0.2",
+                "AGENTD_HEARTBEAT_TIMEOUT_S": "1.5", "AGENTD_CONFIG_DIR": str(self.config_dir),
+                **self.env}
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run `agentd ARGS --data-dir <this daemon's>` (e.g. `token create ...`)."""
+        cmd = [sys.executable, "-m", "daemon.cli", *args, "--data-dir", str(self.data_dir)]
+        return subprocess.run(cmd, env=self.process_env(), capture_output=True, text=True,
+                              timeout=60)
 
     def wait_ready(self, workers: int, timeout: float) -> None:
         deadline = time.time() + timeout
@@ -89,13 +130,14 @@ class DaemonProcess:
 
     def _reap_group(self) -> None:
         assert self.proc is not None
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
-    def get(self, path: str, **kw: Any) -> httpx.Response:
+    def get(self, path: str, token: str | None = None, **kw: Any) -> httpx.Response:
+        """GET with the operator token (or `token`); headers= adds to or overrides it."""
+        kw["headers"] = {**self.auth_headers(token), **kw.get("headers", {})}
         return httpx.get(f"{self.url}{path}", timeout=10, **kw)
 
-    def post(self, path: str, **kw: Any) -> httpx.Response:
+    def post(self, path: str, token: str | None = None, **kw: Any) -> httpx.Response:
+        kw["headers"] = {**self.auth_headers(token), **kw.get("headers", {})}
         return httpx.post(f"{self.url}{path}", timeout=30, **kw)

@@ -15,7 +15,9 @@ from litestar import Controller, Request, Response, get, post
 from litestar.response import Stream
 
 from daemon.api.errors import ApiError, decode_body, error_body
+from daemon.auth import READ, SUBMIT
 from daemon.core import Core
+from daemon.limits import admit
 from daemon.protocol import ChatMessage, Finish, SamplingParams
 from daemon.state import ProgramState, ProgramStatus, RequestState
 
@@ -74,18 +76,21 @@ class GatewayController(Controller):
     path = "/v1"
     tags = ["openai"]
 
-    @get("/models", summary="Models served by the registered workers")
+    @get("/models", opt={"scope": (READ, SUBMIT)},
+         summary="Models served by the registered workers")
     async def models(self, core: Core) -> dict[str, Any]:
         names = sorted({w.model for w in core.workers.values() if w.healthy})
         return {"object": "list", "data": [
             {"id": n, "object": "model", "created": 0, "owned_by": "agentd"} for n in names]}
 
-    @post("/chat/completions", status_code=200, summary="OpenAI chat completions (streaming too)")
+    @post("/chat/completions", status_code=200, opt={"scope": SUBMIT},
+          summary="OpenAI chat completions (streaming too)")
     async def chat(self, request: Request[Any, Any, Any], core: Core) -> Response[Any]:
         body = decode_body(await request.body(), ChatRequest)
         if not body.messages:
             raise ApiError(400, "'messages' must contain at least one message", param="messages")
-        messages = [ChatMessage(role=m.role, content=_text(m, i)) for i, m in enumerate(body.messages)]
+        messages = [ChatMessage(role=m.role, content=_text(m, i))
+                    for i, m in enumerate(body.messages)]
         max_tokens = body.max_completion_tokens or body.max_tokens
         sampling = _sampling(core, body, max_tokens)
         if body.response_format is not None and body.response_format.type == "json_schema":
@@ -94,12 +99,14 @@ class GatewayController(Controller):
                 raise ApiError(400, "response_format.json_schema.schema must be an object",
                                param="response_format")
             sampling = msgspec.structs.replace(sampling, json_schema=_json.encode(schema).decode())
+        admit(request, core, sum(len(m.content) for m in messages), "messages")
         program = await _program(core, request, body)
         req = core.submit(program, "chat", body.model, sampling, messages=messages,
                           priority=body.priority)
         return await _respond(core, request, req, body, program, chat=True)
 
-    @post("/completions", status_code=200, summary="OpenAI text completions (streaming too)")
+    @post("/completions", status_code=200, opt={"scope": SUBMIT},
+          summary="OpenAI text completions (streaming too)")
     async def completions(self, request: Request[Any, Any, Any], core: Core) -> Response[Any]:
         body = decode_body(await request.body(), CompletionRequest)
         prompt = body.prompt
@@ -109,6 +116,7 @@ class GatewayController(Controller):
                                "supported; send one request per prompt)", param="prompt")
             prompt = prompt[0]
         sampling = _sampling(core, body, body.max_tokens)
+        admit(request, core, len(prompt), "prompt")
         program = await _program(core, request, body)
         req = core.submit(program, "completion", body.model, sampling, prompt=prompt,
                           priority=body.priority)
@@ -245,7 +253,8 @@ async def _sse(
         while True:
             item = await req.stream.get()
             if item.error is not None:
-                yield b"data: " + _json.encode(error_body(500, item.error, "engine_error")) + b"\n\n"
+                error = error_body(500, item.error, "engine_error")
+                yield b"data: " + _json.encode(error) + b"\n\n"
                 break
             if item.finish is not None:
                 yield chunk({}, finish=_finish_reason(item.finish))

@@ -11,7 +11,7 @@ from litestar.params import Parameter
 
 from daemon import operations
 from daemon.api.errors import ApiError, decode_body
-from daemon.auth import OPERATOR, principal_of
+from daemon.auth import OPERATOR, PUBLIC, READ, SUBMIT, principal_of
 from daemon.core import Core
 from daemon.metrics import Exposition
 from db import repositories as repo
@@ -98,6 +98,7 @@ class OperatorController(Controller):
 class RestController(Controller):
     path = "/v1"
     tags = ["agentd"]
+    opt = {"scope": READ}
 
     @get("/workers", summary="Engine workers and their live stats")
     async def workers(self, core: Core) -> dict[str, Any]:
@@ -127,7 +128,7 @@ class RestController(Controller):
             raise ApiError(404, f"unknown program '{program_id}'", "not_found")
         return _live(core, row)
 
-    @post("/programs/{program_id:str}/release", status_code=200,
+    @post("/programs/{program_id:str}/release", status_code=200, opt={"scope": SUBMIT},
           summary="End a program: STOPPED, its resources released")
     async def release(self, core: Core, program_id: str) -> dict[str, Any]:
         program = await core.release_program(program_id)
@@ -182,7 +183,7 @@ def _live(core: Core, row: dict[str, Any]) -> dict[str, Any]:
 class OpsController(Controller):
     tags = ["ops"]
 
-    @get("/healthz", summary="Liveness and a short status")
+    @get("/healthz", opt={"scope": PUBLIC}, summary="Liveness and a short status")
     async def healthz(self, core: Core) -> Response[dict[str, Any]]:
         healthy = sum(1 for w in core.workers.values() if w.healthy)
         ok = core.writer.last_error is None
@@ -191,7 +192,7 @@ class OpsController(Controller):
                 "store_error": core.writer.last_error}
         return Response(body, status_code=200 if ok else 503)
 
-    @get("/metrics", media_type=MediaType.TEXT, summary="Prometheus metrics")
+    @get("/metrics", media_type=MediaType.TEXT, opt={"scope": READ}, summary="Prometheus metrics")
     async def metrics(self, core: Core) -> str:
         return render_metrics(core)
 

@@ -82,17 +82,29 @@ class WorkerRuntime:
             host=socket.gethostname(),
         )
         await sock.send(protocol.encode(reg))
-        if not await sock.poll(REGISTER_TIMEOUT_S * 1000):
+        msg = await self._await_ack(sock)
+        if msg is None:
             log.warning("no answer from daemon at %s; retrying", self.connect)
-            return False
-        msg = protocol.decode_from_daemon(await sock.recv())
-        if not isinstance(msg, RegisterAck):
             return False
         if not msg.accepted:
             raise SystemExit(f"agentd worker: the daemon refused registration: {msg.message}")
         self._heartbeat_interval = msg.heartbeat_interval_s
         log.info("registered as %s with %s", self.worker_id, self.connect)
         return True
+
+    async def _await_ack(self, sock: zmq.asyncio.Socket) -> RegisterAck | None:
+        """The daemon's answer; anything else before it is meant for a previous session."""
+        deadline = asyncio.get_running_loop().time() + REGISTER_TIMEOUT_S
+        while (left := deadline - asyncio.get_running_loop().time()) > 0:
+            if not await sock.poll(left * 1000):
+                return None
+            try:
+                msg = protocol.decode_from_daemon(await sock.recv())
+            except protocol.ProtocolError:
+                continue
+            if isinstance(msg, RegisterAck):
+                return msg
+        return None
 
     async def _serve(self) -> None:
         assert self._sock is not None

@@ -84,9 +84,14 @@ def fetch_smollm2(dest_dir: Path, cache_dir: Path | None = None) -> Path:
         started = time.monotonic()
         _convert(gguf_path, staging)
         _write_marker(staging, gguf_path, time.monotonic() - started)
-        if dest_dir.exists():
-            dest_dir.rmdir()  # checked empty above
-        staging.rename(dest_dir)
+        try:
+            if dest_dir.exists():
+                dest_dir.rmdir()  # checked empty above
+            staging.rename(dest_dir)
+        except OSError:
+            # Another fetch finished first; its result is as good as ours.
+            if not is_complete(dest_dir):
+                raise
     _progress(f"model ready in {dest_dir}")
     return dest_dir
 
@@ -147,7 +152,7 @@ def _convert(gguf_path: Path, out_dir: Path) -> None:
         ) from exc
     _require("accelerate")
     _require("gguf")
-    _progress(f"converting with transformers {transformers.__version__} (25-35 s)")
+    _progress(f"converting with transformers {transformers.__version__} (about 20 s)")
     src, name = str(gguf_path.parent), gguf_path.name
     tokenizer = transformers.AutoTokenizer.from_pretrained(
         src, gguf_file=name, local_files_only=True
@@ -213,6 +218,10 @@ def _fix_config(path: Path) -> None:
 def _fix_tokenizer_config(path: Path, gguf_path: Path) -> None:
     config = json.loads(path.read_text())
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    # Load-time options transformers 5 writes back; they would pin every later
+    # load of this directory to offline mode for no reason.
+    for key in ("is_local", "local_files_only"):
+        config.pop(key, None)
     if not config.get("chat_template"):
         config["chat_template"] = _gguf_chat_template(gguf_path)
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
@@ -249,8 +258,11 @@ def fetch_command(dest: str) -> int:
     """`agentd model fetch-smollm2 DIR`: exit code 0 on success, one line on error."""
     try:
         path = fetch_smollm2(Path(dest))
-    except (FetchError, OSError) as exc:
+    except FetchError as exc:
         print(f"agentd model: error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # the CLI boundary: one line, not a traceback
+        print(f"agentd model: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(path)
     return 0

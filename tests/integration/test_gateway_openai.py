@@ -12,7 +12,7 @@ MODEL = "sim-llama3-8b"
 
 @pytest.fixture
 def client(sim_daemon: DaemonProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{sim_daemon.url}/v1", api_key="unused", max_retries=0)
+    return openai.OpenAI(base_url=f"{sim_daemon.url}/v1", api_key=sim_daemon.token, max_retries=0)
 
 
 def test_models_lists_the_sim_model(client: openai.OpenAI) -> None:
@@ -45,7 +45,8 @@ def test_streaming_chat_with_usage(client: openai.OpenAI) -> None:
     )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finishes = [c.choices[0].finish_reason for c in chunks
+                if c.choices and c.choices[0].finish_reason]
     assert finishes == ["length"]
     assert len(text.split()) == 12
     usage = chunks[-1].usage
@@ -99,7 +100,7 @@ def test_session_trace_is_ordered(client, sim_daemon) -> None:  # type: ignore[n
                      "request.finished"]
     stamps = [e["ts"] for e in events]
     assert stamps == sorted(stamps)
-    assert [e["kind"] for e in events][0] == "program.created"
+    assert events[0]["kind"] == "program.created"
     statuses = [e["data"]["new"] for e in events if e["kind"] == "program.status"]
     assert statuses == ["REASONING", "ACTING"]
     sessions = sim_daemon.get("/v1/sessions").json()["data"]

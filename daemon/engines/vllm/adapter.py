@@ -105,7 +105,7 @@ def make_stat_logger_factory(collector: StatsCollector) -> Any:
 
 
 def kv_capacity_tokens(vllm_config: VllmConfig) -> int:
-    """KV capacity in tokens: allocated blocks × tokens per block."""
+    """KV capacity in tokens: allocated blocks x tokens per block."""
     cache = vllm_config.cache_config
     if not cache.num_gpu_blocks:
         raise RuntimeError("vLLM reported no KV cache blocks; the engine did not initialise")

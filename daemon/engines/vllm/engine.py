@@ -74,7 +74,7 @@ class VllmEngine:
         args = AsyncEngineArgs(
             model=self.model_dir,
             served_model_name=[self.model],
-            dtype=self._dtype,
+            dtype=self._dtype,  # type: ignore[arg-type]  # validated by vLLM
             max_model_len=self._max_model_len,
             block_size=self.block_size,
             kv_cache_memory_bytes=self._kv_cache_bytes,

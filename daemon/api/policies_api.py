@@ -1,0 +1,143 @@
+"""Scheduling policies over REST: stored versions, validation, activation, rollback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Controller, Litestar, Request, get, post, put
+
+from daemon.api.errors import ApiError, decode_body
+from daemon.auth import OPERATOR, READ, principal_of
+from daemon.policies.registry import PolicyError, PolicyService
+
+MAX_SOURCE_CHARS = 200_000
+
+
+class PutBody(msgspec.Struct, forbid_unknown_fields=True):
+    source: str
+    layer: str = "kv"
+
+
+class VersionBody(msgspec.Struct, forbid_unknown_fields=True):
+    version: int | None = None
+
+
+def service(request: Request[Any, Any, Any]) -> PolicyService:
+    svc = request.app.state.get("policies")
+    if svc is None:
+        raise ApiError(503, "the policy registry has not started", "not_ready")
+    assert isinstance(svc, PolicyService)
+    return svc
+
+
+def _who(request: Request[Any, Any, Any]) -> str:
+    principal = principal_of(request)
+    return principal.name if principal is not None else "operator"
+
+
+async def _version(request: Request[Any, Any, Any]) -> int | None:
+    body = await request.body()
+    return decode_body(body, VersionBody).version if body.strip() else None
+
+
+def _translate(exc: PolicyError) -> ApiError:
+    return ApiError(exc.status, exc.message, exc.code, exc.param)
+
+
+class PoliciesController(Controller):
+    path = "/v1/policies"
+    tags = ["policies"]
+
+    @get("/", opt={"scope": READ}, summary="Stored policies and which one each layer runs")
+    async def list_policies(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
+        return {"data": await service(request).list_policies()}
+
+    @get("/{name:str}", opt={"scope": READ}, summary="One policy: versions, source, events")
+    async def show(self, request: Request[Any, Any, Any], name: str) -> dict[str, Any]:
+        try:
+            return await service(request).get(name)
+        except PolicyError as exc:
+            raise _translate(exc) from exc
+
+    @get("/{name:str}/versions", opt={"scope": READ}, summary="A policy's version history")
+    async def versions(self, request: Request[Any, Any, Any], name: str) -> dict[str, Any]:
+        try:
+            return {"data": await service(request).versions(name)}
+        except PolicyError as exc:
+            raise _translate(exc) from exc
+
+    @get("/{name:str}/versions/{version:int}", opt={"scope": READ},
+         summary="One version with its source and validation report")
+    async def version(self, request: Request[Any, Any, Any], name: str,
+                      version: int) -> dict[str, Any]:
+        try:
+            return await service(request).version(name, version)
+        except PolicyError as exc:
+            raise _translate(exc) from exc
+
+    @get("/{name:str}/diff", opt={"scope": READ}, summary="Unified diff between two versions")
+    async def diff(self, request: Request[Any, Any, Any], name: str) -> dict[str, Any]:
+        try:
+            a, b = int(request.query_params["from"]), int(request.query_params["to"])
+        except (KeyError, ValueError) as exc:
+            raise ApiError(400, "diff needs integer query parameters from= and to=",
+                           param="from") from exc
+        try:
+            return {"name": name, "from": a, "to": b, "diff": await service(request).diff(
+                name, a, b)}
+        except PolicyError as exc:
+            raise _translate(exc) from exc
+
+    @put("/{name:str}", status_code=201, opt={"scope": OPERATOR},
+         summary="Store a new version (validated, not activated)")
+    async def put_version(self, request: Request[Any, Any, Any], name: str) -> dict[str, Any]:
+        body = decode_body(await request.body(), PutBody)
+        if not body.source.strip() or len(body.source) > MAX_SOURCE_CHARS:
+            raise ApiError(400, f"source must be 1..{MAX_SOURCE_CHARS} characters",
+                           param="source")
+        try:
+            return await service(request).put(name, body.layer, body.source, _who(request))
+        except PolicyError as exc:
+            raise _translate(exc) from exc
+
+    @post("/{name:str}/validate", status_code=200, opt={"scope": OPERATOR},
+          summary="Validate a version (default: the latest) against the live snapshot")
+    async def validate(self, request: Request[Any, Any, Any], name: str) -> dict[str, Any]:
+        try:
+            return await service(request).validate(name, await _version(request))
+        except PolicyError as exc:
+            raise _translate(exc) from exc
+
+    @post("/{name:str}/activate", status_code=200, opt={"scope": OPERATOR},
+          summary="Validate and swap in a version (default: the latest) between two ticks")
+    async def activate(self, request: Request[Any, Any, Any], name: str) -> dict[str, Any]:
+        try:
+            return await service(request).activate(name, await _version(request), _who(request))
+        except PolicyError as exc:
+            raise _translate(exc) from exc
+
+    @post("/{name:str}/rollback", status_code=200, opt={"scope": OPERATOR},
+          summary="Put back the version that was active before this one")
+    async def rollback(self, request: Request[Any, Any, Any], name: str) -> dict[str, Any]:
+        try:
+            return await service(request).rollback(name, _who(request))
+        except PolicyError as exc:
+            raise _translate(exc) from exc
+
+
+def install_policies(app: Litestar) -> None:
+    """Serve /v1/policies and start the registry once the daemon's core is up.
+
+    Call in create_app after the Litestar app is built; idempotent. The startup hook
+    runs after the daemon lifespan entered, so the core exists.
+    """
+    if app.state.get("policies_installed"):
+        return
+    app.state["policies_installed"] = True
+    app.register(PoliciesController)
+
+    async def start(app: Litestar) -> None:
+        app.state["policies"] = await PolicyService.start(app.state["daemon"].get_core())
+
+    app.on_startup.append(start)

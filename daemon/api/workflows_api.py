@@ -1,0 +1,176 @@
+"""Workflows and runs over REST, plus the runtime protocol the sandboxes call back on.
+
+Clients:   POST/GET /v1/workflows · POST /v1/runs · GET /v1/runs · GET /v1/runs/{id}
+           GET /v1/runs/{id}/events (SSE) · DELETE /v1/runs/{id}
+Sandboxes: POST /v1/runs/{id}/events · GET /v1/runs/{id}/state · PUT /v1/runs/{id}/state/{name}
+           (scope submit, and the token must be that run's own token, or an operator's)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from litestar import Controller, Request, delete, get, post, put
+from litestar.response import Stream
+
+from daemon.api.errors import ApiError, decode_body
+from daemon.auth import OPERATOR, READ, SUBMIT, principal_of
+from daemon.runtime.bundles import BundleError
+from daemon.runtime.runs import Run, RunController
+
+STATE_KEY = "agentd.runs"
+MAX_EVENTS_PER_POST = 1000
+
+
+class WorkflowBody(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    files: dict[str, str]
+    entry: str
+
+
+class RunBody(msgspec.Struct, forbid_unknown_fields=True):
+    workflow: str
+    args: dict[str, Any] = {}
+    version: int | None = None
+    session_id: str | None = None
+    limits: dict[str, Any] | None = None
+
+
+class EventsBody(msgspec.Struct):
+    events: list[dict[str, Any]]
+
+
+class StateBody(msgspec.Struct, forbid_unknown_fields=True):
+    value: Any
+
+
+def runs_of(request: Request[Any, Any, Any]) -> RunController:
+    runs: RunController | None = request.app.state.get(STATE_KEY)
+    if runs is None:
+        raise ApiError(503, "the workflow runtime has not started", "unavailable")
+    return runs
+
+
+def _bundle_error(exc: BundleError) -> ApiError:
+    return ApiError(400, str(exc), exc.code, exc.param)
+
+
+def _run(runs: RunController, run_id: str) -> Run:
+    run = runs.runs.get(run_id)
+    if run is None:
+        raise ApiError(404, f"unknown run '{run_id}'", "not_found")
+    return run
+
+
+def _own_run(request: Request[Any, Any, Any], runs: RunController, run_id: str) -> Run:
+    run = _run(runs, run_id)
+    principal = principal_of(request)
+    if runs.auth_enabled and principal is not None and OPERATOR not in principal.scopes \
+            and principal.token_id != run.token_id:
+        raise ApiError(403, f"only run {run_id}'s own token may call its runtime endpoints",
+                       "not_run_token")
+    if run.ended:
+        raise ApiError(409, f"run '{run_id}' has ended ({run.status})", "run_ended")
+    return run
+
+
+class WorkflowsController(Controller):
+    path = "/v1"
+    tags = ["workflows"]
+
+    @post("/workflows", status_code=201, opt={"scope": SUBMIT},
+          summary="Register a new version of a workflow bundle")
+    async def register(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
+        body = decode_body(await request.body(), WorkflowBody)
+        try:
+            return runs_of(request).bundles.register(body.name, body.files, body.entry)
+        except BundleError as exc:
+            raise _bundle_error(exc) from exc
+
+    @get("/workflows", opt={"scope": READ}, summary="Registered workflows and their versions")
+    async def list_workflows(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
+        return {"data": runs_of(request).bundles.list()}
+
+    @post("/runs", status_code=201, opt={"scope": SUBMIT},
+          summary="Start a run of a workflow in a sandbox")
+    async def start(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
+        body = decode_body(await request.body(), RunBody)
+        if body.session_id is not None and not (0 < len(body.session_id) <= 128
+                                                and body.session_id.isprintable()):
+            raise ApiError(400, "session_id must be 1-128 printable characters",
+                           param="session_id")
+        try:
+            json.dumps(body.args)
+        except (TypeError, ValueError) as exc:
+            raise ApiError(400, f"args must be JSON: {exc}", param="args") from exc
+        try:
+            run = await runs_of(request).create(body.workflow, body.version, body.args,
+                                                body.session_id, body.limits)
+        except BundleError as exc:
+            raise _bundle_error(exc) from exc
+        return run.view()
+
+    @get("/runs", opt={"scope": READ}, summary="Runs, newest first")
+    async def list_runs(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
+        runs = sorted(runs_of(request).runs.values(), key=lambda r: r.created_at, reverse=True)
+        return {"data": [r.view() for r in runs]}
+
+    @get("/runs/{run_id:str}", opt={"scope": READ}, summary="One run: status, result or error")
+    async def get_run(self, request: Request[Any, Any, Any], run_id: str) -> dict[str, Any]:
+        return _run(runs_of(request), run_id).view()
+
+    @delete("/runs/{run_id:str}", status_code=200, opt={"scope": SUBMIT},
+            summary="Cancel a run: kill its sandbox and release its program")
+    async def cancel(self, request: Request[Any, Any, Any], run_id: str) -> dict[str, Any]:
+        runs = runs_of(request)
+        run = _run(runs, run_id)
+        await runs.cancel(run)
+        return run.view()
+
+    @get("/runs/{run_id:str}/events", opt={"scope": READ},
+         summary="The run's trace events as server-sent events, until it ends")
+    async def events(self, request: Request[Any, Any, Any], run_id: str) -> Stream:
+        runs = runs_of(request)
+        run = _run(runs, run_id)
+
+        async def lines() -> AsyncIterator[bytes]:
+            async for event in runs.follow(run):
+                yield f"data: {json.dumps(event, default=repr)}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+
+        return Stream(lines(), media_type="text/event-stream",
+                      headers={"Cache-Control": "no-cache"})
+
+    # --- the runtime protocol (sandbox -> daemon) -----------------------------------
+
+    @post("/runs/{run_id:str}/events", status_code=200, opt={"scope": SUBMIT},
+          summary="Sandbox: report future events of this run")
+    async def post_events(self, request: Request[Any, Any, Any], run_id: str) -> dict[str, Any]:
+        runs = runs_of(request)
+        run = _own_run(request, runs, run_id)
+        body = decode_body(await request.body(), EventsBody)
+        if len(body.events) > MAX_EVENTS_PER_POST:
+            raise ApiError(400, f"at most {MAX_EVENTS_PER_POST} events per call", param="events")
+        return {"accepted": runs.sandbox_events(run, body.events)}
+
+    @get("/runs/{run_id:str}/state", opt={"scope": SUBMIT},
+         summary="Sandbox: the session's managed state")
+    async def get_state(self, request: Request[Any, Any, Any], run_id: str) -> dict[str, Any]:
+        runs = runs_of(request)
+        run = _own_run(request, runs, run_id)
+        return {"session_id": run.session_id, "state": await runs.load_state(run)}
+
+    @put("/runs/{run_id:str}/state/{name:str}", status_code=200, opt={"scope": SUBMIT},
+         summary="Sandbox: store one managed-state object of the session")
+    async def put_state(self, request: Request[Any, Any, Any], run_id: str,
+                        name: str) -> dict[str, Any]:
+        runs = runs_of(request)
+        run = _own_run(request, runs, run_id)
+        body = decode_body(await request.body(), StateBody)
+        if not 0 < len(name) <= 128:
+            raise ApiError(400, "state name must be 1-128 characters", param="name")
+        await runs.save_state(run, name, body.value)
+        return {"session_id": run.session_id, "name": name}

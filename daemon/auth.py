@@ -1,0 +1,226 @@
+"""Bearer tokens with scopes, checked by one guard that every route goes through.
+
+A route declares what it needs with `opt={"scope": READ}` (or a tuple of scopes, any
+of which suffices); the guard refuses a route that declares nothing, so a new endpoint
+is closed until someone decides who may call it. `operator` implies every other scope.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from litestar import Litestar
+from litestar.connection import ASGIConnection
+from litestar.handlers import BaseRouteHandler
+from litestar.routes import HTTPRoute
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from daemon.api.errors import ApiError
+from db import tokens
+
+log = logging.getLogger("agentd.auth")
+
+READ = "read"
+SUBMIT = "submit"
+OPERATOR = "operator"
+SCOPES = (READ, SUBMIT, OPERATOR)
+PUBLIC = "public"  # no token needed: only for liveness probes
+
+# Revocation reaches the daemon through the store (the CLI writes it directly), so a
+# cached token may stay usable this long after it is revoked. A lookup costs ~0.75 ms of
+# event-loop and thread time on SQLite; the cache makes it ~1 us.
+CACHE_TTL_S = 1.0
+
+TOKEN_FILE = "token"
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who made a request: the token's id is the tenant key for rate limits."""
+
+    token_id: str
+    name: str
+    scopes: frozenset[str]
+
+
+def parse_scopes(text: str) -> frozenset[str]:
+    """'read,submit' or 'read submit' -> scopes; unknown names raise ValueError."""
+    names = frozenset(s for s in text.replace(",", " ").split() if s)
+    unknown = sorted(names - set(SCOPES))
+    if unknown or not names:
+        raise ValueError(f"unknown scope(s) {', '.join(unknown) or '(none given)'}; "
+                         f"choose from {', '.join(SCOPES)}")
+    return names
+
+
+def grants(held: frozenset[str], needed: tuple[str, ...]) -> bool:
+    return OPERATOR in held or any(scope in held for scope in needed)
+
+
+def new_secret() -> str:
+    return "agd_" + secrets.token_urlsafe(32)
+
+
+def bearer(header: str | None) -> str | None:
+    if not header:
+        return None
+    kind, _, value = header.strip().partition(" ")
+    if kind.lower() != "bearer" or not value.strip():
+        return None
+    return value.strip()
+
+
+# --- route declarations -------------------------------------------------------------
+
+
+def declared_scopes(handler: BaseRouteHandler) -> tuple[str, ...] | None:
+    if _is_auto_options(handler):
+        # Litestar adds an OPTIONS handler to every path; it only lists the allowed methods.
+        return (READ,)
+    value = handler.opt.get("scope")
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, tuple | list) and value and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    return None
+
+
+def _is_auto_options(handler: BaseRouteHandler) -> bool:
+    methods: set[str] = set(getattr(handler, "http_methods", ()))
+    return methods == {"OPTIONS"} and handler.handler_name == "options_handler"
+
+
+def iter_routes(app: Litestar) -> Iterator[tuple[str, str, BaseRouteHandler]]:
+    """(method, path, handler) for every HTTP route the app serves."""
+    for route in app.routes:
+        if not isinstance(route, HTTPRoute):
+            continue
+        for handler in route.route_handlers:
+            for method in sorted(handler.http_methods):
+                yield method, route.path, handler
+
+
+# --- tokens -------------------------------------------------------------------------
+
+
+Sessions = async_sessionmaker[AsyncSession]
+
+
+async def issue_token(s: AsyncSession, name: str, scopes: Iterable[str]) -> tuple[str, str]:
+    """Store a new token; returns (id, secret). The secret exists only in the return value."""
+    secret = new_secret()
+    token_id = f"tok-{uuid.uuid4().hex[:12]}"
+    await tokens.insert(s, token_id, name, tokens.hash_secret(secret), frozenset(scopes),
+                        time.time())
+    return token_id, secret
+
+
+def write_token_file(path: Path, secret: str) -> None:
+    """Write the secret readable by the owner only, replacing any older file atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to a leftover tmp file
+        os.write(fd, (secret + "\n").encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+async def ensure_first_token(sessions: Sessions, config_dir: Path) -> Path | None:
+    """On a store without tokens, create an operator token and write it to the config dir."""
+    path = config_dir / TOKEN_FILE
+    async with sessions() as s, s.begin():
+        if await tokens.count(s):
+            return None
+        token_id, secret = await issue_token(s, "operator (first start)", {OPERATOR})
+        # Written before the commit: if the file cannot be written, no token exists whose
+        # secret nobody knows, and the next start tries again.
+        write_token_file(path, secret)
+    log.info("created operator token %s; its secret is in %s", token_id, path)
+    return path
+
+
+class TokenAuth:
+    """Resolves bearer secrets to principals, with a short cache in front of the store."""
+
+    def __init__(self, enabled: bool, ttl_s: float = CACHE_TTL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.enabled = enabled
+        self._ttl = ttl_s
+        self._clock = clock
+        self._sessions: Sessions | None = None
+        self._cache: dict[str, tuple[float, tokens.TokenRecord]] = {}
+
+    def bind(self, sessions: Sessions) -> None:
+        self._sessions = sessions
+
+    async def principal(self, secret: str) -> Principal | None:
+        """The principal for an active token, None for unknown or revoked ones."""
+        record = await self._record(tokens.hash_secret(secret))
+        if record is None or not record.active:
+            return None
+        return Principal(token_id=record.id, name=record.name, scopes=record.scopes)
+
+    async def _record(self, token_hash: str) -> tokens.TokenRecord | None:
+        now = self._clock()
+        hit = self._cache.get(token_hash)
+        if hit is not None and now - hit[0] < self._ttl:
+            return hit[1]
+        assert self._sessions is not None, "TokenAuth.bind() runs in the daemon's lifespan"
+        async with self._sessions() as s:
+            record = await tokens.find_by_hash(s, token_hash)
+        # Only hashes of real tokens are cached, so random guesses cannot grow the cache
+        # and a token created a moment ago is usable at once.
+        if record is None:
+            self._cache.pop(token_hash, None)
+        else:
+            self._cache[token_hash] = (now, record)
+        return record
+
+
+# --- the guard ----------------------------------------------------------------------
+
+
+def principal_of(connection: ASGIConnection[Any, Any, Any, Any]) -> Principal | None:
+    value = connection.scope.get("state", {}).get("agentd.principal")
+    return value if isinstance(value, Principal) else None
+
+
+async def require_scope(
+    connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
+) -> None:
+    needed = declared_scopes(handler)
+    if needed is None:
+        log.error("route %s declares no scope; refusing it", connection.url.path)
+        raise ApiError(403, "this route declares no scope, so it is refused for everyone",
+                       "scope_undeclared")
+    if PUBLIC in needed:
+        return
+    auth: TokenAuth = connection.app.state["auth"]
+    if not auth.enabled:
+        return
+    wanted = " or ".join(f"'{s}'" for s in needed)
+    secret = bearer(connection.headers.get("authorization"))
+    if secret is None:
+        raise ApiError(401, f"missing API token: send 'Authorization: Bearer <token>' with "
+                       f"scope {wanted}", "missing_api_key",
+                       headers={"WWW-Authenticate": "Bearer"})
+    principal = await auth.principal(secret)
+    if principal is None:
+        raise ApiError(401, "invalid or revoked API token", "invalid_api_key",
+                       headers={"WWW-Authenticate": "Bearer"})
+    if not grants(principal.scopes, needed):
+        held = " ".join(sorted(principal.scopes))
+        raise ApiError(403, f"this route needs scope {wanted}; token '{principal.name}' has "
+                       f"'{held}'", "insufficient_scope")
+    connection.scope.setdefault("state", {})["agentd.principal"] = principal

@@ -1,0 +1,1 @@
+"""Operator-written scheduling policies: stored versions, validation, hot swap, rollback."""

@@ -1,0 +1,85 @@
+"""The scheduling layers a stored policy can belong to, and how each one is checked.
+
+Generic over layers: a layer names its interface class, the methods a policy must
+have, its built-ins, and how to dry-run a policy on a snapshot. Only `kv` is wired
+in the daemon so far; ordering/meta/admission get an entry once the daemon runs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from scheduling.kv import (
+    KV_POLICIES,
+    Decision,
+    KvConfig,
+    KvPolicy,
+    KvView,
+    ProgramStatus,
+    ProgramView,
+    WorkerView,
+)
+
+# One dry-run call: (label, thunk taking the policy instance and returning a problem or None)
+DryCall = tuple[str, Callable[[Any], str | None]]
+
+
+@dataclass(frozen=True)
+class Layer:
+    name: str
+    interface: type
+    methods: tuple[str, ...]
+    builtins: Mapping[str, Callable[[], Any]]
+    dry_calls: Callable[[Any, float], list[DryCall]]
+
+
+def _decisions(value: object, what: str) -> str | None:
+    if not isinstance(value, list) or not all(isinstance(d, Decision) for d in value):
+        return f"{what} must return a list of Decision, got {type(value).__name__}"
+    return None
+
+
+def _worker(value: object, view: KvView) -> str | None:
+    if value is None or (isinstance(value, str) and view.worker(value) is not None):
+        return None
+    return f"route must return a known worker id or None, got {value!r}"
+
+
+def kv_dry_calls(view: KvView, now: float, max_programs: int = 16) -> list[DryCall]:
+    calls: list[DryCall] = [("decide", lambda p: _decisions(p.decide(view, now), "decide"))]
+    for program in view.programs[:max_programs]:
+        calls += _program_calls(view, program.program_id, now)
+    return calls
+
+
+def _program_calls(view: KvView, pid: str, now: float) -> list[DryCall]:
+    def route(p: Any) -> str | None:
+        return _worker(p.route(view, pid, now), view)
+
+    def end(p: Any) -> str | None:
+        return _decisions(p.on_request_end(view, pid, now), "on_request_end")
+
+    return [(f"route({pid})", route), (f"on_request_end({pid})", end)]
+
+
+def sample_kv_view(now: float) -> KvView:
+    """A small fixed snapshot, so a policy is exercised even when the daemon is idle."""
+    workers = (WorkerView("w-a", 8192, 5000), WorkerView("w-b", 8192, 1000))
+    programs = (
+        ProgramView("p-run", ProgramStatus.REASONING, 3000, now - 20, "w-a"),
+        ProgramView("p-tool", ProgramStatus.ACTING, 2000, now - 15, "w-a",
+                    acting_since=now - 3, tool_time_mean_s=1.5),
+        ProgramView("p-new", ProgramStatus.QUEUED, 900, now - 1, ready_since=now - 1,
+                    pending_request=True),
+        ProgramView("p-paused", ProgramStatus.PAUSED, 1200, now - 30, "w-b",
+                    ready_since=now - 4, pending_request=True),
+    )
+    return KvView(workers, programs, KvConfig())
+
+
+LAYERS: dict[str, Layer] = {
+    "kv": Layer("kv", KvPolicy, ("decide", "route", "on_request_end"), KV_POLICIES,
+                kv_dry_calls),
+}

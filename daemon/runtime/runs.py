@@ -1,0 +1,351 @@
+"""Runs: one execution of a workflow bundle in a sandbox process, and its controller.
+
+A run owns a program (created through `core.ensure_program`), a run-scoped API token
+(scope `submit`, named `run <id>`, revoked when the run ends), a private working
+directory (a temporary directory outside the daemon's data dir holding only the bundle
+copy) and one sandbox process (`python -I -m agentd.sandbox`, see agentd/sandbox.py).
+The sandbox's environment holds only PATH, LANG, MALLOC_ARENA_MAX and the AGENTD_RUN_*
+values below: no data dir, no database URL, no token file path.
+
+When the run ends (result, failure, limit, cancel) the controller revokes its token,
+releases its program and every per-agent program the sandbox's LLM calls created
+(`<program>.<agent>.<i>`), removes the working directory, and records a trace event.
+Runs live in memory; a finished run's record is also written to
+`<data dir>/runs/<id>.json`. After a daemon restart earlier runs are readable only there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from daemon import auth
+from daemon.core import Core, CoreError, new_id
+from daemon.runtime.bundles import BundleError, BundleStore, Signature
+from daemon.state import ProgramStatus
+from db import models, tokens
+
+log = logging.getLogger("agentd.runs")
+
+DEFAULT_LIMITS: dict[str, float] = {"memory_mb": 1024, "cpu_s": 300, "open_files": 256,
+                                    "file_size_mb": 64, "timeout_s": 600}
+MAX_LIMITS: dict[str, float] = {"memory_mb": 16384, "cpu_s": 86400, "open_files": 4096,
+                                "file_size_mb": 4096, "timeout_s": 86400}
+MIN_MEMORY_MB = 128  # below this the interpreter itself does not start
+MAX_EVENTS = 50_000
+LOG_TAIL = 8000
+ENDED = ("finished", "failed", "cancelled")
+
+
+@dataclass
+class Run:
+    id: str
+    workflow: str
+    version: int
+    entry: str
+    args: dict[str, Any]
+    program_id: str
+    session_id: str
+    limits: dict[str, float]
+    status: str = "starting"  # starting | running | finished | failed | cancelled
+    result: Any = None
+    error: dict[str, Any] | None = None
+    created_at: float = field(default_factory=time.time)
+    started_at: float | None = None
+    finished_at: float | None = None
+    pid: int | None = None
+    token_id: str | None = None
+    log_tail: str = ""
+    events: list[dict[str, Any]] = field(default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    proc: asyncio.subprocess.Process | None = None
+    task: asyncio.Task[None] | None = None
+    workdir: Path | None = None
+
+    def notify(self) -> None:
+        """Wake every follower: each waits on the event it saw, which is replaced here."""
+        old, self.changed = self.changed, asyncio.Event()
+        old.set()
+
+    @property
+    def ended(self) -> bool:
+        return self.status in ENDED
+
+    def view(self) -> dict[str, Any]:
+        duration = None
+        if self.started_at is not None:
+            duration = (self.finished_at or time.time()) - self.started_at
+        return {"id": self.id, "workflow": self.workflow, "version": self.version,
+                "entry": self.entry, "args": self.args, "program_id": self.program_id,
+                "session_id": self.session_id, "status": self.status, "result": self.result,
+                "error": self.error, "limits": self.limits,
+                "timings": {"created_at": self.created_at, "started_at": self.started_at,
+                            "finished_at": self.finished_at, "duration_s": duration},
+                "events": len(self.events), "log_tail": self.log_tail}
+
+
+def check_limits(asked: dict[str, Any] | None) -> dict[str, float]:
+    limits = dict(DEFAULT_LIMITS)
+    for key, value in (asked or {}).items():
+        if key not in DEFAULT_LIMITS:
+            raise BundleError(f"unknown limit '{key}'; known: {', '.join(DEFAULT_LIMITS)}",
+                              f"limits.{key}", "bad_limit")
+        if not isinstance(value, int | float) or isinstance(value, bool) or not (
+                0 < value <= MAX_LIMITS[key]):
+            raise BundleError(f"limit '{key}' must be a number in (0, {MAX_LIMITS[key]:g}]",
+                              f"limits.{key}", "bad_limit")
+        limits[key] = value
+    if limits["memory_mb"] < MIN_MEMORY_MB:
+        raise BundleError(f"limit 'memory_mb' must be at least {MIN_MEMORY_MB}",
+                          "limits.memory_mb", "bad_limit")
+    return limits
+
+
+def classify_exit(returncode: int, limits: dict[str, float]) -> str:
+    """A reason for a sandbox that ended without writing its result."""
+    if returncode < 0:
+        sig = -returncode
+        if sig == signal.SIGXCPU:
+            return f"cpu time limit exceeded ({limits['cpu_s']:g} s)"
+        if sig == signal.SIGXFSZ:
+            return f"file size limit exceeded ({limits['file_size_mb']:g} MiB)"
+        if sig in (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS):
+            return (f"process crashed ({signal.Signals(sig).name}); often the memory limit "
+                    f"({limits['memory_mb']:g} MiB address space)")
+        return f"process killed by {signal.Signals(sig).name}"
+    return f"process exited with status {returncode} without a result"
+
+
+class RunController:
+    def __init__(self, core: Core, data_path: Path, base_url: str, auth_enabled: bool) -> None:
+        self.core = core
+        self.bundles = BundleStore(data_path / "workflows")
+        self.records = data_path / "runs"
+        self.base_url = base_url
+        self.auth_enabled = auth_enabled
+        self.runs: dict[str, Run] = {}
+        self._state_lock = asyncio.Lock()
+
+    # --- creating ---------------------------------------------------------------------
+
+    async def create(self, workflow: str, version: int | None, args: dict[str, Any],
+                     session_id: str | None, limits: dict[str, Any] | None) -> Run:
+        manifest = self.bundles.manifest(workflow, version)
+        if manifest is None:
+            which = f"version {version} of " if version is not None else ""
+            raise CoreError(f"unknown workflow: no {which}'{workflow}'", 404, "not_found")
+        Signature.from_dict(manifest["signature"]).check(args)
+        run_limits = check_limits(limits)
+        run_id = new_id("run")
+        program = await self.core.ensure_program(new_id("prog"), session_id)
+        run = Run(id=run_id, workflow=workflow, version=int(manifest["version"]),
+                  entry=manifest["entry"], args=args, program_id=program.id,
+                  session_id=program.session_id, limits=run_limits)
+        self.runs[run_id] = run
+        # the program and session rows must exist before the sandbox writes state/futures
+        await self.core.writer.flush()
+        secret = await self._issue_token(run)
+        self.trace(run, "run.created", workflow=workflow, version=run.version, entry=run.entry)
+        run.task = asyncio.create_task(self._execute(run, secret), name=f"run-{run_id}")
+        return run
+
+    async def _issue_token(self, run: Run) -> str:
+        async with self.core.sessions() as s, s.begin():
+            run.token_id, secret = await auth.issue_token(s, f"run {run.id}", {auth.SUBMIT})
+        return secret
+
+    def sandbox_env(self, run: Run, secret: str) -> dict[str, str]:
+        return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
+                "MALLOC_ARENA_MAX": "2", "PYTHONUNBUFFERED": "1",
+                "AGENTD_RUN_ID": run.id, "AGENTD_PROGRAM_ID": run.program_id,
+                "AGENTD_SESSION_ID": run.session_id, "AGENTD_DAEMON_URL": self.base_url,
+                "AGENTD_RUN_TOKEN": secret}
+
+    # --- executing --------------------------------------------------------------------
+
+    async def _execute(self, run: Run, secret: str) -> None:
+        root = Path(tempfile.mkdtemp(prefix=f"agentd-{run.id}-"))
+        work = root / "work"
+        log_path = root / "sandbox.log"
+        outcome: dict[str, Any]
+        try:
+            shutil.copytree(self.bundles.path(run.workflow, run.version), work)
+            (work / "manifest.json").unlink(missing_ok=True)
+            run.workdir = root
+            spec = {"entry": run.entry, "args": run.args,
+                    "limits": {k: v for k, v in run.limits.items() if k != "timeout_s"}}
+            with open(log_path, "wb") as log_file:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-I", "-m", "agentd.sandbox", cwd=work,
+                    env=self.sandbox_env(run, secret), stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE, stderr=log_file, start_new_session=True)
+            run.proc, run.pid = proc, proc.pid
+            run.status, run.started_at = "running", time.time()
+            self.trace(run, "run.started", pid=proc.pid, limits=run.limits)
+            try:
+                stdout, _ = await asyncio.wait_for(
+                    proc.communicate(json.dumps(spec).encode()), run.limits["timeout_s"])
+            except TimeoutError:
+                self._kill(run)
+                await proc.wait()
+                outcome = {"ok": False, "kind": "system",
+                           "reason": f"wall-clock limit exceeded ({run.limits['timeout_s']:g} s)"}
+            else:
+                outcome = self._outcome(stdout, proc.returncode or 0, run)
+            run.log_tail = log_path.read_text(errors="replace")[-LOG_TAIL:]
+        except asyncio.CancelledError:
+            self._kill(run)
+            outcome = {"ok": False, "kind": "cancelled", "reason": "cancelled"}
+        except Exception as exc:
+            log.exception("run %s could not execute", run.id)
+            outcome = {"ok": False, "kind": "system", "reason": f"could not start: {exc}"}
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        await self._finish(run, outcome)
+
+    def _outcome(self, stdout: bytes, returncode: int, run: Run) -> dict[str, Any]:
+        lines = stdout.decode(errors="replace").strip().splitlines()
+        if lines:
+            with contextlib.suppress(ValueError):
+                data = json.loads(lines[-1])
+                if isinstance(data, dict) and "ok" in data:
+                    return data
+        return {"ok": False, "kind": "system", "reason": classify_exit(returncode, run.limits)}
+
+    def _kill(self, run: Run) -> None:
+        if run.proc is not None and run.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(run.proc.pid, signal.SIGKILL)
+
+    async def _finish(self, run: Run, outcome: dict[str, Any]) -> None:
+        if run.ended:
+            return
+        run.finished_at = time.time()
+        if outcome.get("ok"):
+            run.status, run.result = "finished", outcome.get("result")
+            self.trace(run, "run.finished", duration_s=run.finished_at - (run.started_at or
+                                                                           run.created_at))
+        else:
+            kind = outcome.get("kind", "system")
+            run.status = "cancelled" if kind == "cancelled" else "failed"
+            run.error = {"kind": kind, "reason": outcome.get("reason"),
+                         **(outcome.get("error") or {})}
+            self.trace(run, "run.cancelled" if kind == "cancelled" else "run.failed",
+                       error_kind=kind, reason=outcome.get("reason"),
+                       agent=run.error.get("agent"), path=run.error.get("path"))
+        await self._cleanup(run)
+        self._write_record(run)
+        run.notify()
+
+    async def _cleanup(self, run: Run) -> None:
+        if run.token_id is not None:
+            async with self.core.sessions() as s, s.begin():
+                await tokens.revoke(s, run.token_id, time.time())
+        ended = (ProgramStatus.STOPPED, ProgramStatus.FAILED)
+        prefix = run.program_id + "."
+        for pid, program in list(self.core.programs.items()):
+            if (pid == run.program_id or pid.startswith(prefix)) and program.status not in ended:
+                with contextlib.suppress(CoreError):
+                    await self.core.release_program(pid)
+
+    def _write_record(self, run: Run) -> None:
+        try:
+            self.records.mkdir(parents=True, exist_ok=True)
+            (self.records / f"{run.id}.json").write_text(json.dumps(run.view(), default=repr))
+        except OSError as exc:
+            log.warning("cannot write the record of run %s: %s", run.id, exc)
+
+    async def cancel(self, run: Run) -> None:
+        if run.ended:
+            return
+        if run.task is not None:
+            run.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await run.task
+
+    async def stop(self) -> None:
+        """Daemon shutdown: cancel every live run (kills its sandbox, releases its program)."""
+        for run in list(self.runs.values()):
+            with contextlib.suppress(Exception):
+                await self.cancel(run)
+
+    # --- events and state from the sandbox -----------------------------------------------
+
+    def trace(self, run: Run, kind: str, **data: Any) -> None:
+        event = {"kind": kind, "ts": time.time(), "run_id": run.id,
+                 "session_id": run.session_id, "program_id": run.program_id, **data}
+        if len(run.events) < MAX_EVENTS:
+            run.events.append(event)
+        self.core.writer.trace(kind, session_id=run.session_id, program_id=run.program_id,
+                               run_id=run.id, **data)
+        run.notify()
+
+    def sandbox_events(self, run: Run, events: list[dict[str, Any]]) -> int:
+        taken = 0
+        for e in events:
+            kind = str(e.get("event", ""))
+            if kind not in ("future.created", "future.resolved"):
+                continue
+            data = {k: v for k, v in e.items() if k not in ("event", "ts", "kind", "session_id",
+                                                            "program_id", "run_id")}
+            self.trace(run, kind, **data)
+            self._future_row(run, kind, data)
+            taken += 1
+        return taken
+
+    def _future_row(self, run: Run, kind: str, d: dict[str, Any]) -> None:
+        fid = f"{run.id}:{d.get('id')}"
+        if kind == "future.created":
+            self.core.writer.insert("futures", {
+                "id": fid, "program_id": run.program_id, "session_id": run.session_id,
+                "kind": str(d.get("kind", "agent"))[:16], "status": "pending",
+                "creator": d.get("creator"), "executor": None, "consumers": [],
+                "dependencies": d.get("dependencies") or [], "value": None, "error": None,
+                "created_at": time.time(), "started_at": None, "finished_at": None})
+        else:
+            self.core.writer.update("futures", fid, status=str(d.get("status"))[:16],
+                                    executor=d.get("executor"),
+                                    consumers=d.get("consumers") or [], error=d.get("error"),
+                                    started_at=d.get("started_at"),
+                                    finished_at=d.get("finished_at"))
+
+    async def load_state(self, run: Run) -> dict[str, Any]:
+        await self.core.writer.flush()
+        async with self.core.sessions() as s:
+            row = await s.get(models.Session, run.session_id)
+            return dict(row.state or {}) if row is not None else {}
+
+    async def save_state(self, run: Run, name: str, value: Any) -> None:
+        async with self._state_lock, self.core.sessions() as s, s.begin():
+            row = await s.get(models.Session, run.session_id)
+            if row is None:
+                raise CoreError(f"session '{run.session_id}' is not stored yet", 409,
+                                "session_missing")
+            row.state = {**(row.state or {}), name: value}
+        self.core.writer.trace("state.saved", session_id=run.session_id,
+                               program_id=run.program_id, run_id=run.id, name=name)
+
+    async def follow(self, run: Run) -> AsyncIterator[dict[str, Any]]:
+        """The run's events so far, then new ones until it ends."""
+        sent = 0
+        while True:
+            changed = run.changed
+            while sent < len(run.events):
+                yield run.events[sent]
+                sent += 1
+            if run.ended:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), 15)

@@ -1,0 +1,43 @@
+"""Plugging the workflow runtime into the app: one call, `install_workflows(app)`.
+
+It registers WorkflowsController, and adds a lifespan manager that starts the run
+controller once the daemon's core exists and, on shutdown, cancels live runs (killing
+their sandboxes and releasing their programs) before the core stops. Calling it twice
+is harmless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from litestar import Litestar
+
+from daemon.api.workflows_api import STATE_KEY, WorkflowsController
+from daemon.runtime.runs import RunController
+
+INSTALLED = "agentd.workflows.installed"
+
+
+def install_workflows(app: Litestar) -> None:
+    if app.state.get(INSTALLED):
+        return
+    app.state[INSTALLED] = True
+    app.register(WorkflowsController)
+
+    @asynccontextmanager
+    async def lifespan(_app: Litestar) -> AsyncIterator[None]:
+        daemon: Any = app.state["daemon"]
+        core = daemon.get_core()
+        cfg = daemon.config
+        runs = RunController(core, cfg.data_path, cfg.base_url, cfg.auth)
+        app.state[STATE_KEY] = runs
+        try:
+            yield
+        finally:
+            await runs.stop()
+            app.state[STATE_KEY] = None
+
+    # entered after the daemon's own lifespan, so left (runs stopped) before it
+    app._lifespan_managers.append(lifespan)

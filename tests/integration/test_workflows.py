@@ -1,0 +1,219 @@
+"""Workflows end to end on a real daemon with a simulated engine: bundles, runs in
+sandboxes, the router and analyst examples, limits and the sandbox's file guard."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from console.workflow_cmd import add_workflow_parser, read_bundle
+from tests.daemon_process import DaemonProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+
+
+class WorkflowDaemon(DaemonProcess):
+    """`agentd start` through daemon.runtime.serve, which installs the workflow routes
+    (the same daemon; once daemon/app.py calls install_workflows this equals daemon.cli)."""
+
+    def start(self, wait_workers: int | None = None, timeout: float = 60.0) -> DaemonProcess:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.data_dir / "daemon.log"
+        cmd = [sys.executable, "-m", "daemon.runtime.serve", "start", "--port", str(self.port),
+               "--data-dir", str(self.data_dir), "--workers", str(self.workers),
+               "--engine", self.engine]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                         env=self.process_env(), start_new_session=True)
+        self.wait_ready(self.workers, timeout)
+        return self
+
+
+@pytest.fixture(scope="module")
+def d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    daemon = WorkflowDaemon(tmp_path_factory.mktemp("wf") / "data").start()
+    yield daemon
+    daemon.stop()
+
+
+def register(d: DaemonProcess, name: str, files: dict[str, str],
+             entry: str = "main:main") -> httpx.Response:
+    return d.post("/v1/workflows", json={"name": name, "files": files, "entry": entry})
+
+
+def run_to_end(d: DaemonProcess, body: dict[str, Any], timeout: float = 30) -> dict[str, Any]:
+    r = d.post("/v1/runs", json=body)
+    assert r.status_code == 201, r.text
+    run_id = r.json()["id"]
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        view = d.get(f"/v1/runs/{run_id}").json()
+        if view["status"] in ("finished", "failed", "cancelled"):
+            return dict(view)
+        time.sleep(0.1)
+    raise AssertionError(f"run {run_id} did not end: {view}\n{d.log()}")
+
+
+def trace_kinds(d: DaemonProcess, session: str) -> list[dict[str, Any]]:
+    time.sleep(0.3)  # the batched writer commits within ~50 ms
+    return list(d.get(f"/v1/sessions/{session}/trace", params={"limit": 1000}).json()["data"])
+
+
+def test_router_example_both_branches(d: DaemonProcess) -> None:
+    assert register(d, "router", read_bundle(EXAMPLES / "router")).status_code == 201
+    coding = run_to_end(d, {"workflow": "router", "session_id": "s-router",
+                            "args": {"request": "fix the bug in my python function"}})
+    assert coding["status"] == "finished", coding
+    assert coding["result"]["branch"] == "coding" and coding["result"]["answer"]
+    chat = run_to_end(d, {"workflow": "router", "session_id": "s-router",
+                          "args": {"request": "how are you today?"}})
+    assert chat["result"]["branch"] == "chat"
+    assert chat["result"]["turns"] == "2"  # the ManagedList persisted in the session
+    session = d.get("/v1/sessions/s-router").json()
+    assert session is not None
+    programs = d.get("/v1/programs", params={"session": "s-router"}).json()["data"]
+    ids = {p["id"] for p in programs}
+    assert coding["program_id"] in ids and chat["program_id"] in ids
+    assert any(i.startswith(coding["program_id"] + ".Classifier") for i in ids)
+    assert all(p["status"] == "STOPPED" for p in programs)  # released at run end
+    events = trace_kinds(d, "s-router")
+    kinds = {e["kind"] for e in events}
+    assert {"run.created", "run.started", "run.finished", "future.created",
+            "future.resolved", "request.queued"} <= kinds
+    created = [e for e in events if e["kind"] == "future.created"]
+    assert all("creator" in e["data"] and "dependencies" in e["data"] for e in created)
+
+
+def test_analyst_example_fans_out_and_streams_events(d: DaemonProcess) -> None:
+    assert register(d, "analyst", read_bundle(EXAMPLES / "analyst")).status_code == 201
+    r = d.post("/v1/runs", json={"workflow": "analyst", "args": {"ticker": "ACME"}})
+    assert r.status_code == 201, r.text
+    run = r.json()
+    events = []
+    with httpx.stream("GET", f"{d.url}/v1/runs/{run['id']}/events", timeout=30,
+                      headers=d.auth_headers()) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data:") and line != "data: [DONE]":
+                events.append(json.loads(line[5:]))
+    view = d.get(f"/v1/runs/{run['id']}").json()
+    assert view["status"] == "finished", view
+    result = view["result"]
+    assert result["summary"].startswith("ACME: stock:") and len(result["parts"]) == 3
+    assert events[0]["kind"] == "run.created" and events[-1]["kind"] == "run.finished"
+    created = {e["id"]: e for e in events if e["kind"] == "future.created"}
+    resolved = {e["id"] for e in events if e["kind"] == "future.resolved"}
+    assert set(created) == resolved and len(created) == 5
+    data_future = next(i for i, e in created.items() if e["name"] == "market_data")
+    stock = next(e for e in created.values() if e["name"] == "StockAgent.analyse")
+    assert stock["dependencies"] == [data_future]
+    summary = next(e for e in created.values() if e["name"] == "Summariser.summarise")
+    assert len(summary["dependencies"]) == 3
+    assert all(e["session_id"] == run["session_id"] for e in events)
+    assert view["timings"]["duration_s"] > 0
+
+
+def test_bundle_errors_register_nothing(d: DaemonProcess) -> None:
+    r = register(d, "broken", {"main.py": "def main():\n    return 1\n",
+                               "lib/util.py": "def f(:\n"})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert "lib/util.py line 1" in err["message"] and err["code"] == "syntax_error"
+    r = register(d, "broken", {"main.py": "def other():\n    pass\n"})
+    assert r.status_code == 400 and "entry function 'main'" in r.json()["error"]["message"]
+    names = [w["name"] for w in d.get("/v1/workflows").json()["data"]]
+    assert "broken" not in names
+    assert d.post("/v1/runs", json={"workflow": "broken"}).status_code == 404
+    assert register(d, "needs", {"main.py": "def main(a, b=2):\n    return a\n"}).status_code == 201
+    r = d.post("/v1/runs", json={"workflow": "needs", "args": {"b": 1}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "args.a"
+    r = d.post("/v1/runs", json={"workflow": "needs", "args": {"a": 1, "c": 1}})
+    assert r.status_code == 400 and "unknown argument 'c'" in r.json()["error"]["message"]
+
+
+def test_user_error_names_agent_and_path(d: DaemonProcess) -> None:
+    src = ("import agentd\n\n@agentd.agent\nclass Bad:\n    def go(self, x):\n"
+           "        return 1 / x\n\ndef main():\n    return Bad().go(0) + 1\n")
+    assert register(d, "fails", {"main.py": src}).status_code == 201
+    view = run_to_end(d, {"workflow": "fails"})
+    err = view["error"]
+    assert view["status"] == "failed" and err["kind"] == "user"
+    assert err["type"] == "ZeroDivisionError" and "agent Bad.go" in err["agent"]
+    assert err["path"] == "main.py:6" and "Traceback" in err["traceback"]
+
+
+def test_memory_limit_stops_the_run(d: DaemonProcess) -> None:
+    src = ("def main():\n    blocks = [bytearray(64 * 2**20) for _ in range(64)]\n"
+           "    return len(blocks)\n")
+    assert register(d, "hog", {"main.py": src}).status_code == 201
+    view = run_to_end(d, {"workflow": "hog", "limits": {"memory_mb": 400}})
+    assert view["status"] == "failed"
+    assert view["error"]["kind"] == "system"
+    assert "memory limit exceeded" in view["error"]["reason"]
+
+
+def test_run_cannot_open_the_daemon_database(d: DaemonProcess) -> None:
+    db = d.data_dir / "agentd.db"
+    assert db.is_file()
+    src = ("import sqlite3\n\ndef main(path: str, how: str):\n"
+           "    if how == 'open':\n        return open(path, 'rb').read(16).hex()\n"
+           "    return sqlite3.connect(path).execute('select 1').fetchall()\n")
+    assert register(d, "snoop", {"main.py": src}).status_code == 201
+    for how in ("open", "sqlite"):
+        view = run_to_end(d, {"workflow": "snoop", "args": {"path": str(db), "how": how}})
+        assert view["status"] == "failed", view
+        assert "agentd sandbox" in view["error"]["message"] and str(db) in view["error"]["message"]
+        assert view["error"]["type"] == "SandboxDenied"
+    # and nothing of the daemon's is in its environment
+    env_src = "import os\n\ndef main():\n    return dict(os.environ)\n"
+    assert register(d, "env", {"main.py": env_src}).status_code == 201
+    env = run_to_end(d, {"workflow": "env"})["result"]
+    assert str(d.data_dir) not in json.dumps(env)
+    assert set(env) <= {"PATH", "LANG", "MALLOC_ARENA_MAX", "PYTHONUNBUFFERED", "AGENTD_RUN_ID",
+                        "AGENTD_PROGRAM_ID", "AGENTD_SESSION_ID", "AGENTD_DAEMON_URL",
+                        "AGENTD_RUN_TOKEN", "LC_CTYPE"}
+    # the run token was revoked when the run ended
+    r = d.get("/v1/workflows", token=env["AGENTD_RUN_TOKEN"])
+    time.sleep(1.1)  # the auth cache keeps a token up to 1 s
+    assert d.get("/v1/models", token=env["AGENTD_RUN_TOKEN"]).status_code == 401, r.text
+
+
+def test_cancel_kills_the_sandbox_and_releases(d: DaemonProcess) -> None:
+    src = "import time\n\ndef main():\n    time.sleep(60)\n"
+    assert register(d, "sleepy", {"main.py": src}).status_code == 201
+    run = d.post("/v1/runs", json={"workflow": "sleepy"}).json()
+    time.sleep(0.5)
+    r = httpx.delete(f"{d.url}/v1/runs/{run['id']}", headers=d.auth_headers(), timeout=10)
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    assert d.get(f"/v1/programs/{run['program_id']}").json()["status"] == "STOPPED"
+
+
+def test_agentctl_submit_follow(d: DaemonProcess) -> None:
+    from console import agentctl
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    add_workflow_parser(sub, lambda p: agentctl._common(p, suppress=False))
+    args = parser.parse_args(["submit", str(EXAMPLES / "router"), "--args",
+                              '{"request": "hello there"}', "--follow", "--json",
+                              "--url", d.url, "--token", d.token])
+    from console.client import AgentdClient
+
+    with AgentdClient(args.url, args.token) as client:
+        assert args.tui_command(client, args) == 0
+    bad = parser.parse_args(["submit", str(EXAMPLES / "router"), "--args", '{"nope": 1}',
+                             "--url", d.url, "--token", d.token])
+    from console.client import ClientError
+
+    with AgentdClient(bad.url, bad.token) as client, pytest.raises(ClientError,
+                                                                   match="unknown argument"):
+        bad.tui_command(client, bad)
