@@ -1,13 +1,7 @@
-"""Stored kv policies in a real daemon: hot swap under load, automatic rollback, restart.
-
-Until the lead wires `install_policies` into daemon/app.py, the daemon here is started
-through a two-line launcher that applies it; once wired, the launcher is a no-op.
-"""
+"""Stored kv policies in a real daemon: hot swap under load, automatic rollback, restart."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 
@@ -18,9 +12,6 @@ import pytest
 from tests.daemon_process import DaemonProcess
 
 MODEL = "sim-llama3-8b"
-LAUNCH = ("import sys, daemon.app as A; from daemon.api.policies_api import install_policies; "
-          "f = A.create_app; A.create_app = lambda c: (lambda app: (install_policies(app), "
-          "app)[1])(f(c)); from daemon.cli import main; sys.exit(main())")
 
 CANARY = '''\
 from scheduling.kv.baselines import StickyPolicy
@@ -46,18 +37,6 @@ class Boom(StickyPolicy):
 
 
 class PolicyDaemon(DaemonProcess):
-    def start(self, wait_workers: int | None = None, timeout: float = 60.0) -> PolicyDaemon:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = self.data_dir / f"daemon-{int(time.time() * 1000)}.log"
-        cmd = [sys.executable, "-c", LAUNCH, "start", "--port", str(self.port),
-               "--data-dir", str(self.data_dir), "--workers", str(self.workers),
-               "--engine", self.engine]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                         env=self.process_env(), start_new_session=True)
-        self.wait_ready(self.workers, timeout)
-        return self
-
     def put(self, path: str, **kw: object) -> httpx.Response:
         return httpx.put(f"{self.url}{path}", headers=self.auth_headers(), timeout=30,
                          **kw)  # type: ignore[arg-type]

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,26 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
 
-class WorkflowDaemon(DaemonProcess):
-    """`agentd start` through daemon.runtime.serve, which installs the workflow routes
-    (the same daemon; once daemon/app.py calls install_workflows this equals daemon.cli)."""
-
-    def start(self, wait_workers: int | None = None, timeout: float = 60.0) -> DaemonProcess:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = self.data_dir / "daemon.log"
-        cmd = [sys.executable, "-m", "daemon.runtime.serve", "start", "--port", str(self.port),
-               "--data-dir", str(self.data_dir), "--workers", str(self.workers),
-               "--engine", self.engine]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                         env=self.process_env(), start_new_session=True)
-        self.wait_ready(self.workers, timeout)
-        return self
-
-
 @pytest.fixture(scope="module")
 def d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    daemon = WorkflowDaemon(tmp_path_factory.mktemp("wf") / "data").start()
+    daemon = DaemonProcess(tmp_path_factory.mktemp("wf") / "data").start()
     yield daemon
     daemon.stop()
 
