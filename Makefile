@@ -8,7 +8,7 @@ ENGINE ?= vllm
 MODEL_DIR ?= $(HOME)/.cache/agentd/models/SmolLM2-135M-Instruct
 PYTEST_ARGS ?=
 
-.PHONY: install install-vllm model run test lint bench bench-gateway bench-kv bench-slo bench-engine bench-tools clean
+.PHONY: install install-vllm model run test lint bench bench-gateway bench-kv bench-slo clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
