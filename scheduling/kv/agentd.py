@@ -1,11 +1,15 @@
-"""agentd's own KV policy: ThunderAgent plus four additions, each behind a flag."""
+"""agentd's own KV policy: ThunderAgent plus a few additions, each behind a flag."""
 
 from __future__ import annotations
 
+import statistics
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from scheduling.kv.ledger import decay
+from scheduling.kv.decisions import placements
+from scheduling.kv.ledger import Ledger, decay
 from scheduling.kv.plan import Plan, pause_order
 from scheduling.kv.thunder import ThunderAgentPolicy
 from scheduling.kv.view import KvView, ProgramStatus, ProgramView
@@ -13,38 +17,60 @@ from scheduling.kv.view import KvView, ProgramStatus, ProgramView
 
 @dataclass(frozen=True)
 class AgentdOptions:
-    """Each flag turns one addition off for an ablation.
+    """Each flag turns one addition on or off for an ablation (bench/kv.py runs them).
 
-    predicted_hold: a program whose own mean tool time is at most `hold_cap_s`
-        keeps full weight for that long after its tool starts, then decays with the
-        global λ; while held it is paused only after every unheld ACTING program.
-        The paper's global decay assumes tool time is unpredictable; when a
-        program's own history says its tools are short, evicting it during the tool
-        only buys a recompute, and its room stays reserved for its return.
-        Programs without history, or with long tools, decay from the start and
-        are paused shortest first, as in ThunderAgent.
+    predicted_hold: a program keeps full weight for its predicted tool time (its own
+        mean tool time, capped at `hold_cap_s`) after its tool starts, then decays
+        with the global λ; while held it is paused only after every unheld ACTING
+        program. The paper's global decay assumes tool time is unpredictable; when a
+        program's history says when it returns, evicting it (or letting newcomers
+        into its room) during the tool only buys a recompute on its return.
+    fleet_prior: a program with no tool history yet is predicted the fleet-wide
+        mean of the programs' mean tool times (`config.default_tool_time_s` before
+        any tool was seen) instead of 0, so a new program's first tool does not
+        reopen its room at once. Needs `predicted_hold`. Off by default: in the
+        synthetic-agent sweep it cost throughput at high load (bench/kv.py ablation).
+    spread_admission: a new program goes to the fitting worker with the most room
+        left (spreading load, so no worker idles at low load); restores keep best fit.
     share_prefix: programs of one prefix group on one worker hold the shared prefix
         once (vLLM's prefix cache dedups it), so demand and placement cost count it once.
+        Off by default: counting the prefix per program is the only slack the ledger
+        leaves for running requests' decode growth, and without it the engine
+        preempts and the LRU drops ACTING programs' blocks (bench/kv.py ablation).
     migration_cost: a restore goes to the fitting worker where the fewest tokens
         must be recomputed (its blocks still cached there, or its prefix group
         resident), best fit breaking ties. ThunderAgent assumes all KV is gone.
     smooth_admission: at most `admits_per_tick` new programs per worker per step,
         and only into room left after reserving `growth_reserve` of capacity, so a
         burst of arrivals does not fill a worker that running contexts will outgrow.
+    patient_force_resume: an overdue request (waiting `force_resume_s`) is served
+        before any other placement, oldest first, but only into room that is really
+        free: nothing is marked for pause to make room for it, and tokens of
+        programs marked for pause still count until their requests end. ThunderAgent
+        instead marks running programs and places the overdue one at once; under
+        sustained overload (waits past the timeout for most requests) that
+        overcommits the engine every step (preemptions, lost prefix cache). Off by
+        default because it gives up the hard bound "placed within force_resume_s"
+        for "overdue requests go first": a request may wait a little longer, until
+        requests already running end.
     """
 
     predicted_hold: bool = True
     hold_cap_s: float = 5.0
-    share_prefix: bool = True
+    fleet_prior: bool = False
+    spread_admission: bool = True
+    share_prefix: bool = False
     migration_cost: bool = True
     smooth_admission: bool = True
     admits_per_tick: int = 4
     growth_reserve: float = 0.05
+    patient_force_resume: bool = False
 
 
 class AgentdPolicy(ThunderAgentPolicy):
-    """ThunderAgent with predicted tool hold, prefix sharing, migration-cost-aware
-    restore and admission smoothing; see `AgentdOptions` for each one and its flag."""
+    """ThunderAgent with predicted tool hold, spread and smoothed admission,
+    migration-cost-aware restore and (opt-in) prefix sharing and patient
+    force-resume; see `AgentdOptions` for each one and its flag."""
 
     name = "agentd"
 
@@ -52,46 +78,136 @@ class AgentdPolicy(ThunderAgentPolicy):
         self.options = options or AgentdOptions()
         self.share_prefix = self.options.share_prefix
 
+    def route(self, view: KvView, program_id: str, now: float) -> str | None:
+        program = view.program(program_id)
+        if not self.options.patient_force_resume or not program.waiting:
+            return super().route(view, program_id, now)
+        # Overdue requests go first here too; the patient pass evicts nothing, so
+        # route still relies on no eviction that is not yet applied.
+        plan = self._plan(view, now)
+        self._force_resume(plan, now)
+        self._restore(plan)
+        return placements(plan.decisions).get(program_id)
+
     def weight(self, program: ProgramView, view: KvView, now: float) -> float:
-        if not self.options.predicted_hold or program.acting_since is None:
-            return super().weight(program, view, now)
-        if program.status is not ProgramStatus.ACTING:
-            return 1.0
-        return decay(now - program.acting_since - self._hold(program), view.config.decay_lambda)
+        return self._weight(program, view, now, fleet_tool_mean(view))
 
     def pause_key(self, program: ProgramView, view: KvView, now: float) -> Any:
-        reasoning, tokens, pid = pause_order(program)
-        return (reasoning, self._held(program, now), tokens, pid)
+        return self._pause_key(program, now, fleet_tool_mean(view))
 
     def fits(self, plan: Plan, worker_id: str, program: ProgramView) -> bool:
-        if not super().fits(plan, worker_id, program):
+        low = plan.view.config.low_watermark
+        if self.room(plan, worker_id, low) < plan.ledger.cost(worker_id, program):
             return False
         if not self.options.smooth_admission or program.status is not ProgramStatus.QUEUED:
             return True
         if plan.admitted[worker_id] >= self.options.admits_per_tick:
             return False
         reserve = plan.ledger.limit(worker_id, self.options.growth_reserve)
-        return plan.ledger.room(worker_id, plan.view.config.low_watermark) - reserve >= (
+        return self.room(plan, worker_id, low) - reserve >= (
             plan.ledger.cost(worker_id, program)
         )
 
     def choose_worker(self, plan: Plan, program: ProgramView) -> str | None:
-        if not self.options.migration_cost:
-            return super().choose_worker(plan, program)
         fitting = [
             w for w in plan.ledger.worker_ids()
             if plan.ledger.is_healthy(w) and self.fits(plan, w, program)
         ]
+        if program.status is ProgramStatus.QUEUED and self.options.spread_admission:
+            return roomiest_fit(plan, fitting, program)
+        if not self.options.migration_cost:
+            return super().choose_worker(plan, program)
         return min(fitting, key=lambda w: _restore_score(plan, w, program), default=None)
 
-    def _held(self, program: ProgramView, now: float) -> bool:
-        if not self.options.predicted_hold or program.acting_since is None:
-            return False
-        return now - program.acting_since < self._hold(program)
+    def _plan(self, view: KvView, now: float) -> Plan:
+        prior = fleet_tool_mean(view)
+        ledger = Ledger(view, lambda p: self._weight(p, view, now, prior), self.share_prefix)
+        return AgentdPlan(view, ledger, lambda p: self._pause_key(p, now, prior))
 
-    def _hold(self, program: ProgramView) -> float:
+    def _force_resume(self, plan: Plan, now: float) -> None:
+        if not self.options.patient_force_resume:
+            super()._force_resume(plan, now)
+            return
+        limit_s = plan.view.config.force_resume_s
+        overdue = [p for p in plan.view.programs if p.waiting and now - p.waited_from >= limit_s]
+        high = plan.view.config.high_watermark
+        for program in sorted(overdue, key=lambda p: (p.waited_from, p.program_id)):
+            fitting = [
+                w for w in plan.ledger.worker_ids()
+                if plan.ledger.is_healthy(w)
+                and self.room(plan, w, high) >= plan.ledger.cost(w, program)
+            ]
+            worker_id = max(fitting, key=lambda w: (self.room(plan, w, high), w), default=None)
+            if worker_id is not None:
+                plan.place(program, worker_id, "force-resume")
+
+    def room(self, plan: Plan, worker_id: str, watermark: float) -> float:
+        """Room under `watermark`; with `patient_force_resume`, less the tokens of
+        programs marked for pause whose requests still run (the engine holds them)."""
+        room = plan.ledger.room(worker_id, watermark)
+        if self.options.patient_force_resume and isinstance(plan, AgentdPlan):
+            room -= plan.marked_running[worker_id]
+        return room
+
+    def _weight(self, program: ProgramView, view: KvView, now: float, prior: float) -> float:
+        if program.status is not ProgramStatus.ACTING or program.acting_since is None:
+            return 1.0
+        elapsed = now - program.acting_since - self._hold(program, prior)
+        return decay(elapsed, view.config.decay_lambda)
+
+    def _pause_key(self, program: ProgramView, now: float, prior: float) -> Any:
+        reasoning, tokens, pid = pause_order(program)
+        return (reasoning, self._held(program, now, prior), tokens, pid)
+
+    def _held(self, program: ProgramView, now: float, prior: float) -> bool:
+        if program.acting_since is None:
+            return False
+        return now - program.acting_since < self._hold(program, prior)
+
+    def _hold(self, program: ProgramView, prior: float) -> float:
+        """Seconds of full weight after a tool starts: the predicted tool time."""
+        if not self.options.predicted_hold:
+            return 0.0
         mean = program.tool_time_mean_s
+        if mean is None:
+            mean = prior if self.options.fleet_prior else None
         return mean if mean is not None and mean <= self.options.hold_cap_s else 0.0
+
+
+class AgentdPlan(Plan):
+    """A plan that also tracks, per worker, the tokens of REASONING programs marked
+    for pause: the ledger counts them gone, but their requests still hold KV."""
+
+    def __init__(
+        self, view: KvView, ledger: Ledger, pause_key: Callable[[ProgramView], Any]
+    ) -> None:
+        super().__init__(view, ledger, pause_key)
+        self.marked_running = Counter[str]()
+        for p in view.programs:
+            if p.status is ProgramStatus.REASONING and p.pause_marked and p.worker_id:
+                self.marked_running[p.worker_id] += p.context_tokens
+
+    def evict(self, program: ProgramView, reason: str) -> None:
+        if program.status is ProgramStatus.REASONING and program.worker_id:
+            self.marked_running[program.worker_id] += program.context_tokens
+        super().evict(program, reason)
+
+
+def fleet_tool_mean(view: KvView) -> float:
+    """Mean of the live programs' mean tool times; the configured default before
+    any tool was observed. The prediction for a program without history."""
+    means = [p.tool_time_mean_s for p in view.programs if p.tool_time_mean_s is not None]
+    return statistics.fmean(means) if means else view.config.default_tool_time_s
+
+
+def roomiest_fit(plan: Plan, fitting: list[str], program: ProgramView) -> str | None:
+    """The fitting worker with the most room left after placing `program`."""
+    low = plan.view.config.low_watermark
+
+    def leftover(worker_id: str) -> tuple[float, str]:
+        return (plan.ledger.room(worker_id, low) - plan.ledger.cost(worker_id, program), worker_id)
+
+    return max(fitting, key=leftover, default=None)
 
 
 def recompute_tokens(plan: Plan, worker_id: str, program: ProgramView) -> int:

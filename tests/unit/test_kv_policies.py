@@ -23,9 +23,11 @@ from scheduling.kv import (
     ThunderAgentPolicy,
     VllmDefaultPolicy,
     WorkerView,
+    decay,
     make_kv_policy,
     plan_migration,
 )
+from scheduling.kv.agentd import fleet_tool_mean
 
 R, A, P, Q = (ProgramStatus.REASONING, ProgramStatus.ACTING, ProgramStatus.PAUSED,
               ProgramStatus.QUEUED)
@@ -98,13 +100,55 @@ def test_continuum_restores_sticky_to_the_old_worker_only() -> None:
 
 
 def test_agentd_holds_programs_with_short_predicted_tools() -> None:
-    # "a" returns from its 3 s tools soon; "b" has no history and decays as usual.
+    # "a" returns from its 3 s tools soon; "b" has no history and (without the fleet
+    # prior) decays as usual.
     held = prog("a", A, 300, acting_since=NOW - 2.0, tool_time_mean_s=3.0)
     v = view(prog("r", R, 600), held, prog("b", A, 400, acting_since=NOW - 2.0), used=(0,))
-    assert AgentdPolicy().decide(v, NOW) == [Pause("b", "w0", "thrashing")]
+    no_prior = AgentdPolicy(AgentdOptions(fleet_prior=False))
+    assert no_prior.decide(v, NOW) == [Pause("b", "w0", "thrashing")]
     ablated = AgentdPolicy(AgentdOptions(predicted_hold=False))
     assert ablated.decide(v, NOW) == [Pause("a", "w0", "thrashing")]
     assert ThunderAgentPolicy().decide(v, NOW) == [Pause("a", "w0", "thrashing")]
+
+
+def test_agentd_predicts_the_fleet_mean_tool_time_for_a_program_without_history() -> None:
+    # "b" has no history: it is held for the fleet's mean (3 s), so at 2 s it keeps full
+    # weight and, like the held "a", is paused only after an unheld program.
+    a = prog("a", A, 300, acting_since=NOW - 2.0, tool_time_mean_s=3.0)
+    b = prog("b", A, 400, acting_since=NOW - 2.0)
+    v = view(prog("r", R, 600), a, b, used=(0,))
+    policy = AgentdPolicy(AgentdOptions(fleet_prior=True))
+    assert policy.weight(b, v, NOW) == 1.0
+    assert policy.weight(b, v, NOW + 1.5) == pytest.approx(decay(0.5, 0.1))
+    assert AgentdPolicy(AgentdOptions(fleet_prior=False)).weight(b, v, NOW) < 1.0
+    assert policy.decide(v, NOW) == [Pause("a", "w0", "thrashing")]  # both held: shortest
+
+
+def test_agentd_fleet_prior_is_the_configured_default_before_any_tool() -> None:
+    b = prog("b", A, 400, acting_since=NOW - 1.0)
+    v = view(b, used=(0,), default_tool_time_s=2.0)
+    assert fleet_tool_mean(v) == 2.0
+    policy = AgentdPolicy(AgentdOptions(fleet_prior=True))
+    assert policy.weight(b, v, NOW) == 1.0
+    assert policy.weight(b, v, NOW + 2.0) < 1.0
+
+
+def test_agentd_spreads_new_programs_and_best_fits_restores() -> None:
+    # w0 holds 500, w1 holds 200: a new program goes to w1 (most room), while a
+    # restore without cached blocks anywhere goes to the tighter fit, w0.
+    v = view(prog("x", R, 500, worker="w0"), prog("y", R, 200, worker="w1"),
+             prog("q", Q, 100), prog("p", P, 100, worker=None, pending_request=True),
+             used=(0, 0))
+    assert AgentdPolicy().decide(v, NOW) == [Restore("p", "w0", "restore"), Admit("q", "w1")]
+    packed = AgentdPolicy(AgentdOptions(spread_admission=False))
+    assert packed.decide(v, NOW) == [Restore("p", "w0", "restore"), Admit("q", "w0")]
+
+
+def test_agentd_spread_alternates_a_burst_over_empty_workers() -> None:
+    burst = [prog(f"q{i}", Q, 100) for i in range(4)]
+    placed = [d.worker_id for d in AgentdPolicy().decide(view(*burst, used=(0, 0)), NOW)
+              if isinstance(d, Admit)]
+    assert sorted(placed) == ["w0", "w0", "w1", "w1"]
 
 
 def test_agentd_counts_a_shared_prefix_once() -> None:
@@ -112,7 +156,8 @@ def test_agentd_counts_a_shared_prefix_once() -> None:
     v = view(prog("r1", R, 500, **group), prog("r2", R, 500, **group),
              prog("q", Q, 400, **group), used=(0,))
     # 300 shared + 200 + 200 resident; q adds only its own 100.
-    assert AgentdPolicy().decide(v, NOW) == [Admit("q", "w0")]
+    assert AgentdPolicy(AgentdOptions(share_prefix=True)).decide(v, NOW) == [Admit("q", "w0")]
+    assert AgentdPolicy().decide(v, NOW) == []  # off by default
     assert ThunderAgentPolicy().decide(v, NOW) == []
 
 
@@ -121,7 +166,8 @@ def test_agentd_restores_where_least_must_be_recomputed() -> None:
     v = view(prog("y", R, 450, worker="w0"), prog("x", R, 400, worker="w1", **group),
              prog("p", P, 500, worker=None, pending_request=True, **group), used=(0, 0))
     # w0 is the tighter fit, but w1 already holds 300 of p's 500 tokens.
-    assert AgentdPolicy().decide(v, NOW) == [Restore("p", "w1", "restore")]
+    shared = AgentdPolicy(AgentdOptions(share_prefix=True))
+    assert shared.decide(v, NOW) == [Restore("p", "w1", "restore")]
     plain = AgentdPolicy(AgentdOptions(migration_cost=False, share_prefix=False))
     assert plain.decide(v, NOW) == [Restore("p", "w0", "restore")]
     assert ThunderAgentPolicy().decide(v, NOW) == [Restore("p", "w0", "restore")]
@@ -132,6 +178,47 @@ def test_agentd_smooths_admission_bursts() -> None:
     v = view(*burst, used=(0,))
     assert len(AgentdPolicy(AgentdOptions(admits_per_tick=2)).decide(v, NOW)) == 2
     assert len(AgentdPolicy(AgentdOptions(smooth_admission=False)).decide(v, NOW)) == 6
+
+
+PATIENT = AgentdOptions(patient_force_resume=True)
+
+
+def test_agentd_patient_force_resume_marks_no_running_program() -> None:
+    # "p" waited past the 30 s timeout; w0 is full of running requests. ThunderAgent
+    # marks them and places "p" at once; the patient variant leaves them running.
+    r = prog("r", R, 900)
+    p = prog("p", P, 300, pending_request=True, ready_since=NOW - 31.0)
+    v = view(r, p, used=(0,))
+    assert ThunderAgentPolicy().decide(v, NOW) == [
+        MarkPauseAfterRequest("r", "force-resume"), Restore("p", "w0", "force-resume")]
+    assert AgentdPolicy(PATIENT).decide(v, NOW) == []
+
+
+def test_agentd_patient_force_resume_serves_overdue_before_newcomers() -> None:
+    # Room for one of them: the overdue restore goes first, oldest first, even though
+    # the newcomer is shorter and restores of paused programs would rank equal.
+    old = prog("old", P, 500, pending_request=True, ready_since=NOW - 40.0)
+    q = prog("q", Q, 100)
+    v = view(prog("r", R, 400), old, q, used=(0,))
+    assert AgentdPolicy(PATIENT).decide(v, NOW) == [Restore("old", "w0", "force-resume")]
+
+
+def test_agentd_patient_route_leaves_room_for_overdue_requests() -> None:
+    # A newcomer routed between checks must not take the room an overdue one needs;
+    # without the option the shorter newcomer goes first (shortest-first restore).
+    old = prog("old", Q, 500, ready_since=NOW - 40.0)
+    v = view(prog("r", R, 400), old, prog("q", Q, 100), used=(0,))
+    assert AgentdPolicy(PATIENT).route(v, "q", NOW) is None
+    assert AgentdPolicy(PATIENT).route(v, "old", NOW) == "w0"
+    assert AgentdPolicy().route(v, "q", NOW) == "w0"
+    assert AgentdPolicy().route(v, "old", NOW) is None
+
+
+def test_agentd_patient_room_counts_marked_programs_until_their_request_ends() -> None:
+    # "m" is marked for pause but its request still holds 600 tokens: "q" must wait.
+    v = view(prog("m", R, 600, pause_marked=True), prog("q", Q, 500), used=(0,))
+    assert AgentdPolicy(PATIENT).decide(v, NOW) == []
+    assert AgentdPolicy().decide(v, NOW) == [Admit("q", "w0")]
 
 
 def test_migrating_a_reasoning_program_waits_for_its_request_unless_now() -> None:
