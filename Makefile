@@ -8,7 +8,7 @@ ENGINE ?= vllm
 MODEL_DIR ?= $(HOME)/.cache/agentd/models/SmolLM2-135M-Instruct
 PYTEST_ARGS ?=
 
-.PHONY: install install-vllm model run test lint bench bench-gateway bench-kv bench-slo clean
+.PHONY: install install-vllm model run test lint bench bench-gateway bench-kv bench-slo bench-engine calibrate clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,6 +50,13 @@ bench-kv: install
 
 bench-slo: install
 	$(PY) -m bench.slo
+
+bench-engine: model
+	$(PY) -m bench.engine
+
+calibrate: model
+	$(VENV)/bin/agentd calibrate --engine vllm --model $(MODEL_DIR) --name smollm2-135m-cpu \
+		--out daemon/engines/sim/cost_models/smollm2-135m-cpu.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache

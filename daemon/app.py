@@ -11,7 +11,7 @@ from litestar import Litestar, Router
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
-from daemon import auth
+from daemon import auth, drain, recovery
 from daemon.api.errors import EXCEPTION_HANDLERS
 from daemon.api.gateway import GatewayController
 from daemon.api.policies_api import install_policies
@@ -53,13 +53,16 @@ class Daemon:
         self.auth.bind(sessions)
         if cfg.auth:
             await auth.ensure_first_token(sessions, cfg.config_path)
+        recovered = await recovery.recover(sessions, writer)
         core = Core(cfg, writer, sessions)
         await core.load_known_sessions()
         await core.start()
         self.core = core
         self.tools = ToolService(core, cfg)
         await self.tools.start()
-        writer.trace("daemon.started", endpoint=core.broker.endpoint)
+        writer.trace("daemon.started", endpoint=core.broker.endpoint,
+                     **recovered.started_fields())
+        pid_file = drain.write_pid_file(cfg.data_path, cfg.base_url)
         self.supervisor = Supervisor(cfg, core.broker.endpoint, on_event=writer.trace)
         await self.supervisor.start()
         log.info("agentd serving on %s (store %s, workers on %s)",
@@ -74,6 +77,7 @@ class Daemon:
             writer.trace("daemon.stopped")
             await writer.stop()
             await engine.dispose()
+            drain.remove_pid_file(pid_file)
 
     def get_tools(self) -> ToolService:
         assert self.tools is not None, "the daemon has not started"
@@ -88,7 +92,9 @@ def create_app(config: Config) -> Litestar:
     daemon = Daemon(config)
     app = Litestar(
         route_handlers=[GatewayController, RestController, OperatorController, OpsController,
-                        ToolsController, create_ui_router(config.base_url)],
+                        ToolsController, drain.DrainController,
+                        create_ui_router(config.base_url)],
+        before_request=drain.refuse_while_draining,
         guards=[auth.require_scope],
         dependencies={"core": Provide(daemon.get_core, sync_to_thread=False),
                       "tools": Provide(daemon.get_tools, sync_to_thread=False)},

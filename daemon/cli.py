@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from daemon.config import ConfigError
+from daemon.drain import add_stop_parser
+from daemon.calibrate import add_calibrate_parser
 from daemon.replay.cli import add_replay_parser
 from daemon.token_cli import add_token_parser
 
@@ -172,7 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("dest", nargs="?", default=None)
     f.set_defaults(func=cmd_model_fetch)
     add_token_parser(sub)
+    add_stop_parser(sub)
     add_replay_parser(sub)
+    add_calibrate_parser(sub)
     return p
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from litestar import Controller, Litestar, Request, get, post, put
@@ -19,8 +19,17 @@ class PutBody(msgspec.Struct, forbid_unknown_fields=True):
     layer: str = "kv"
 
 
+MAX_VERSION = 2**31 - 1  # beyond what the store's INTEGER column holds
+
+
 class VersionBody(msgspec.Struct, forbid_unknown_fields=True):
-    version: int | None = None
+    version: Annotated[int, msgspec.Meta(ge=1, le=MAX_VERSION)] | None = None
+
+
+def _checked(version: int, param: str = "version") -> int:
+    if not 1 <= version <= MAX_VERSION:
+        raise ApiError(404, f"no version {version}", "not_found", param=param)
+    return version
 
 
 def service(request: Request[Any, Any, Any]) -> PolicyService:
@@ -72,7 +81,7 @@ class PoliciesController(Controller):
     async def version(self, request: Request[Any, Any, Any], name: str,
                       version: int) -> dict[str, Any]:
         try:
-            return await service(request).version(name, version)
+            return await service(request).version(name, _checked(version))
         except PolicyError as exc:
             raise _translate(exc) from exc
 
@@ -85,7 +94,7 @@ class PoliciesController(Controller):
                            param="from") from exc
         try:
             return {"name": name, "from": a, "to": b, "diff": await service(request).diff(
-                name, a, b)}
+                name, _checked(a, "from"), _checked(b, "to"))}
         except PolicyError as exc:
             raise _translate(exc) from exc
 

@@ -110,7 +110,7 @@ class RestController(Controller):
         status: str | None = None,
         session_id: str | None = Parameter(query="session", default=None),
         limit: int = Parameter(default=100, ge=1, le=1000),
-        offset: int = Parameter(default=0, ge=0),
+        offset: int = Parameter(default=0, ge=0, le=2**62),
     ) -> dict[str, Any]:
         if status is not None and status.upper() not in _STATUSES:
             raise ApiError(400, f"status must be one of {', '.join(_STATUSES)}", param="status")
@@ -138,7 +138,7 @@ class RestController(Controller):
     async def sessions(
         self, core: Core,
         limit: int = Parameter(default=100, ge=1, le=1000),
-        offset: int = Parameter(default=0, ge=0),
+        offset: int = Parameter(default=0, ge=0, le=2**62),
     ) -> dict[str, Any]:
         await core.writer.flush()
         async with core.sessions() as s:
@@ -158,7 +158,8 @@ class RestController(Controller):
     @get("/sessions/{session_id:str}/trace", summary="The session's trace events, oldest first")
     async def trace(
         self, core: Core, session_id: str,
-        after: int = Parameter(default=0, ge=0, description="return events with id > after"),
+        after: int = Parameter(default=0, ge=0, le=2**62,
+                               description="return events with id > after"),
         limit: int = Parameter(default=500, ge=1, le=5000),
     ) -> dict[str, Any]:
         await core.writer.flush()

@@ -62,7 +62,7 @@ def test_shipped_models() -> None:
     prefill_1k = llama.step_time(1024, 0, 1024, prefill_pairs(1024, 0))
     assert prefill_1k == pytest.approx(23.5e-3, rel=0.15)
     cpu = load_cost_model()
-    assert cpu.name == DEFAULT_COST_MODEL and "uncalibrated" in cpu.source.lower()
-    assert "agentd calibrate" in cpu.source
-    tok_per_s = 1.0 / cpu.step_time(0, 1, 300)
-    assert 15 <= tok_per_s <= 30
+    assert cpu.name == DEFAULT_COST_MODEL and "agentd calibrate" in cpu.source
+    assert "uncalibrated" not in cpu.source.lower()
+    # Fitted on this 2-core machine under load: SmolLM2 decodes one stream at 5-30 tok/s.
+    assert 5 <= 1.0 / cpu.step_time(0, 1, 300) <= 30
