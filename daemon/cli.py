@@ -15,9 +15,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from daemon.calibrate import add_calibrate_parser
 from daemon.config import ConfigError
 from daemon.drain import add_stop_parser
-from daemon.calibrate import add_calibrate_parser
 from daemon.replay.cli import add_replay_parser
 from daemon.token_cli import add_token_parser
 
