@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -14,6 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+
+def _die_with_parent() -> None:
+    """SIGTERM the daemon if the test process dies first (killed by a timeout, say):
+    a clean stop that also stops its workers, so no test leaves a daemon behind."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
@@ -76,7 +84,7 @@ class DaemonProcess:
                "--engine", self.engine, *self.extra_args]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=_die_with_parent)
         self.wait_ready(self.workers if wait_workers is None else wait_workers, timeout)
         return self
 
