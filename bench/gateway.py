@@ -21,8 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 from tests.daemon_process import DaemonProcess
 
 RESULTS = Path(__file__).parent / "results"
@@ -32,9 +30,10 @@ BODY = json.dumps({
 }).encode()
 
 
-def _request_bytes(port: int) -> bytes:
+def _request_bytes(port: int, token: str) -> bytes:
     return (
         f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Authorization: Bearer {token}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(BODY)}\r\n\r\n"
     ).encode() + BODY
 
@@ -50,9 +49,10 @@ async def _read_response(reader: asyncio.StreamReader) -> int:
     return status
 
 
-async def _client(port: int, n: int, latencies: list[float], errors: list[int]) -> None:
+async def _client(port: int, token: str, n: int, latencies: list[float],
+                  errors: list[int]) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    payload = _request_bytes(port)
+    payload = _request_bytes(port, token)
     for _ in range(n):
         t0 = time.perf_counter()
         writer.write(payload)
@@ -63,12 +63,12 @@ async def _client(port: int, n: int, latencies: list[float], errors: list[int]) 
     writer.close()
 
 
-async def _load(port: int, requests: int, concurrency: int) -> dict[str, float]:
+async def _load(port: int, token: str, requests: int, concurrency: int) -> dict[str, float]:
     latencies: list[float] = []
     errors: list[int] = []
     per_client = max(1, requests // concurrency)
     t0 = time.perf_counter()
-    await asyncio.gather(*(_client(port, per_client, latencies, errors)
+    await asyncio.gather(*(_client(port, token, per_client, latencies, errors)
                            for _ in range(concurrency)))
     wall = time.perf_counter() - t0
     lat = sorted(latencies)
@@ -98,12 +98,14 @@ def main(argv: list[str] | None = None) -> int:
                           env={"AGENTD_SIM_TIME_SCALE": "0", "AGENTD_LOG_LEVEL": "warning"})
         d.start()
         try:
-            httpx.post(f"{d.url}/v1/chat/completions", content=BODY, timeout=10)
+            warm = d.post("/v1/chat/completions", content=BODY)
+            if warm.status_code != 200:
+                raise SystemExit(f"bench.gateway: warm-up request failed: {warm.text}")
             runs = []
             for c in (int(x) for x in args.concurrency.split(",")):
                 n = args.requests if c > 1 else min(args.requests, 1000)
                 ev0, t0 = _events_written(d), time.perf_counter()
-                run = asyncio.run(_load(d.port, n, c))
+                run = asyncio.run(_load(d.port, d.token, n, c))
                 d.get("/v1/programs", params={"limit": 1})  # forces a flush of the store
                 run["trace_events_per_s"] = (_events_written(d) - ev0) / (time.perf_counter() - t0)
                 runs.append(run)

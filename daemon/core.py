@@ -37,6 +37,9 @@ from db.writer import BatchWriter
 log = logging.getLogger("agentd.core")
 
 
+ENDED_PROGRAM_TTL_S = 10.0
+
+
 class CoreError(Exception):
     """An error a client caused or must know about; status is the HTTP status to answer."""
 
@@ -186,6 +189,12 @@ class Core:
         if ended:
             for callback in self.on_program_end:
                 callback(program)
+            # Ended programs leave memory (the store has them) once handlers are done.
+            asyncio.get_running_loop().call_later(ENDED_PROGRAM_TTL_S, self._forget, program)
+
+    def _forget(self, program: ProgramState) -> None:
+        if self.programs.get(program.id) is program:
+            del self.programs[program.id]
 
     async def release_program(self, program_id: str) -> ProgramState:
         program = self.programs.get(program_id) or await self.load_program(program_id)

@@ -82,7 +82,10 @@ class ToolService:
 
     def _program_ended(self, program: ProgramState) -> None:
         self.declared.pop(program.id, None)
-        self._spawn(self.manager.release_program(program.id))
+        # Most programs never touch a tool; asking every backend about them would cost a
+        # Docker round trip per request. Leftovers of earlier runs go in the sweep.
+        if self.manager.holds(program.id):
+            self._spawn(self.manager.release_program(program.id))
 
     async def live_programs(self) -> set[str]:
         await self.core.writer.flush()

@@ -69,6 +69,10 @@ class ToolManager:
 
     # -- acquiring ----------------------------------------------------------------------
 
+    def holds(self, program_id: str) -> bool:
+        """Whether this daemon run prepared anything for the program."""
+        return any(key[0] == program_id for key in self._specs)
+
     def spec_for(self, tool: str) -> ToolSpec:
         """The configured spec of a tool."""
         if tool not in self._catalog:
