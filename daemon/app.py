@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from litestar import Litestar, Router
 from litestar.di import Provide
@@ -110,7 +109,3 @@ def create_app(config: Config) -> Litestar:
     install_policies(app)
     install_workflows(app)
     return app
-
-
-def app_daemon(app: Litestar) -> Any:
-    return app.state["daemon"]

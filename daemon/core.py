@@ -567,12 +567,6 @@ class Core:
                                   error=f"no healthy worker for {limit:.0f}s")
 
 
-def _kv_fraction(w: WorkerState) -> float:
-    if w.stats is None or not w.stats.kv_capacity_tokens:
-        return 0.0
-    return w.stats.kv_used_tokens / w.stats.kv_capacity_tokens
-
-
 def _session_row(sid: str, now: float) -> dict[str, Any]:
     return {
         "id": sid, "tenant": "default", "priority": 0, "slo_class": "default",

@@ -14,7 +14,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
 
 from daemon.config import Config
 
@@ -93,7 +92,3 @@ class Supervisor:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def describe(self) -> dict[str, Any]:
-        return {wid: {"pid": p.pid, "running": p.returncode is None,
-                      "restarts": self.restarts.get(wid, 0)} for wid, p in self.procs.items()}

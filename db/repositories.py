@@ -87,15 +87,3 @@ async def trace_events(
         .limit(limit)
     )
     return [as_dict(r) for r in rows]
-
-
-async def programs_by_status(s: AsyncSession) -> dict[str, int]:
-    rows = await s.execute(
-        select(models.Program.status, func.count()).group_by(models.Program.status)
-    )
-    return {status: int(n) for status, n in rows.all()}
-
-
-async def list_workers(s: AsyncSession) -> list[dict[str, Any]]:
-    rows = await s.scalars(select(models.Worker).order_by(models.Worker.registered_at))
-    return [as_dict(r) for r in rows]
