@@ -122,22 +122,21 @@ def test_usage_rises_under_load_and_abort_frees_the_request(client, daemon) -> N
 
 def test_worker_crash_fails_clearly_and_is_restarted(client, daemon) -> None:  # type: ignore[no-untyped-def]
     old = worker(daemon)
-    error: list[str] = []
-
-    def long_request() -> None:
-        try:
-            client.chat.completions.create(
-                model=model(client), max_tokens=600, temperature=0,
-                messages=[{"role": "user", "content": "Count from one to one thousand."}])
-        except openai.APIError as exc:
-            error.append(str(exc))
-
-    t = threading.Thread(target=long_request)
-    t.start()
-    time.sleep(3)
-    os.kill(old["pid"], signal.SIGKILL)
-    t.join(60)
-    assert error and "no healthy worker" in error[0]
+    stream = client.chat.completions.create(
+        model=model(client), max_tokens=600, temperature=0.8, seed=1, stream=True,
+        messages=[{"role": "user", "content": "Tell me a very long story about a dragon."}])
+    error = None
+    try:
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                # Killed mid-generation: no token can arrive after this, not even EOS.
+                os.kill(old["pid"], signal.SIGKILL)
+                for _ in stream:
+                    pass
+                break
+    except openai.APIError as exc:
+        error = str(exc)
+    assert error is not None and "no healthy worker" in error
     deadline = time.time() + 180
     new = None
     while time.time() < deadline:
