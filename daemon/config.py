@@ -36,6 +36,7 @@ class Config:
     worker_bind: str = ""  # ZeroMQ endpoint the broker binds; empty = ipc in data_dir
     heartbeat_interval_s: float = 0.5
     heartbeat_timeout_s: float = 3.0
+    queue_timeout_s: float = 60.0  # a queued request fails after this long with no worker
     max_body_bytes: int = 4 * 1024 * 1024
     max_tokens_limit: int = 32768
     kv_policy: str = "agentd"  # vllm-default | sticky | continuum-ttl | thunderagent | agentd
@@ -56,7 +57,6 @@ class Config:
     rate_limit_burst: int = 0  # 0 = max(1, rate_limit_rps)
     # Tool specs by name, from the config file's [tools.NAME] tables.
     tools: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def data_path(self) -> Path:
@@ -81,7 +81,7 @@ class Config:
         return f"http://{self.host}:{self.port}"
 
 
-_FIELDS = {f.name: f for f in fields(Config) if f.name != "extra"}
+_FIELDS = {f.name: f for f in fields(Config)}
 
 
 def _coerce(key: str, value: Any) -> Any:

@@ -538,7 +538,6 @@ class Core:
         if worker is not None:
             worker.inflight.discard(req.id)
             self.broker.send(worker.identity, protocol.Abort(request_id=req.id))
-        req.status = RequestStatus.QUEUED
         self.writer.trace(
             "request.requeued", session_id=req.session_id, program_id=req.program_id,
             request_id=req.id, worker_id=req.worker_id, reason=reason,
@@ -559,7 +558,7 @@ class Core:
     def _expire_queued(self, now: float) -> None:
         if any(w.healthy for w in self.workers.values()):
             return
-        limit = self.config.extra.get("queue_timeout_s", 60.0)
+        limit = self.config.queue_timeout_s
         for rid in list(self.queue):
             req = self.requests.get(rid)
             if req and req.status == RequestStatus.QUEUED and now - req.queued_at > limit:

@@ -15,6 +15,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
 from daemon.core import CoreError
+from daemon.policies.registry import PolicyError
 
 log = logging.getLogger("agentd.api")
 T = TypeVar("T")
@@ -55,6 +56,10 @@ def core_error_handler(_: Request[Any, Any, Any], exc: CoreError) -> Response[An
     return _respond(exc.status, str(exc), exc.code)
 
 
+def policy_error_handler(_: Request[Any, Any, Any], exc: PolicyError) -> Response[Any]:
+    return _respond(exc.status, exc.message, exc.code, exc.param)
+
+
 def http_error_handler(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
     message = exc.detail
     if isinstance(exc, ValidationException) and exc.extra:
@@ -74,6 +79,7 @@ def internal_error_handler(request: Request[Any, Any, Any], exc: Exception) -> R
 EXCEPTION_HANDLERS: dict[Any, Any] = {
     ApiError: api_error_handler,
     CoreError: core_error_handler,
+    PolicyError: policy_error_handler,
     HTTPException: http_error_handler,
     Exception: internal_error_handler,
 }

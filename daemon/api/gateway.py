@@ -209,7 +209,7 @@ async def _respond(
         raise
     finally:
         if ephemeral:
-            await _release_quietly(core, program.id)
+            _release_quietly(core, program.id)
     if item.error is not None:
         raise ApiError(503 if "worker" in item.error else 500, item.error, "engine_error")
     assert item.finish is not None
@@ -269,11 +269,10 @@ async def _sse(
         if not done:
             await core.abort(req.id, "client went away")
         if ephemeral:
-            await _release_quietly(core, req.program_id)
+            _release_quietly(core, req.program_id)
 
 
-async def _release_quietly(core: Core, program_id: str) -> None:
+def _release_quietly(core: Core, program_id: str) -> None:
     program = core.programs.get(program_id)
     if program is not None and program.active_request is None:
         core.set_program_status(program, ProgramStatus.STOPPED, "single-request program ended")
-        core.programs.pop(program_id, None)

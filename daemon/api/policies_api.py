@@ -9,7 +9,7 @@ from litestar import Controller, Litestar, Request, get, post, put
 
 from daemon.api.errors import ApiError, decode_body
 from daemon.auth import OPERATOR, READ, principal_of
-from daemon.policies.registry import PolicyError, PolicyService
+from daemon.policies.registry import PolicyService
 
 MAX_SOURCE_CHARS = 200_000
 
@@ -50,10 +50,6 @@ async def _version(request: Request[Any, Any, Any]) -> int | None:
     return decode_body(body, VersionBody).version if body.strip() else None
 
 
-def _translate(exc: PolicyError) -> ApiError:
-    return ApiError(exc.status, exc.message, exc.code, exc.param)
-
-
 class PoliciesController(Controller):
     path = "/v1/policies"
     tags = ["policies"]
@@ -64,26 +60,17 @@ class PoliciesController(Controller):
 
     @get("/{name:str}", opt={"scope": READ}, summary="One policy: versions, source, events")
     async def show(self, request: Request[Any, Any, Any], name: str) -> dict[str, Any]:
-        try:
-            return await service(request).get(name)
-        except PolicyError as exc:
-            raise _translate(exc) from exc
+        return await service(request).get(name)
 
     @get("/{name:str}/versions", opt={"scope": READ}, summary="A policy's version history")
     async def versions(self, request: Request[Any, Any, Any], name: str) -> dict[str, Any]:
-        try:
-            return {"data": await service(request).versions(name)}
-        except PolicyError as exc:
-            raise _translate(exc) from exc
+        return {"data": await service(request).versions(name)}
 
     @get("/{name:str}/versions/{version:int}", opt={"scope": READ},
          summary="One version with its source and validation report")
     async def version(self, request: Request[Any, Any, Any], name: str,
                       version: int) -> dict[str, Any]:
-        try:
-            return await service(request).version(name, _checked(version))
-        except PolicyError as exc:
-            raise _translate(exc) from exc
+        return await service(request).version(name, _checked(version))
 
     @get("/{name:str}/diff", opt={"scope": READ}, summary="Unified diff between two versions")
     async def diff(self, request: Request[Any, Any, Any], name: str) -> dict[str, Any]:
@@ -92,11 +79,8 @@ class PoliciesController(Controller):
         except (KeyError, ValueError) as exc:
             raise ApiError(400, "diff needs integer query parameters from= and to=",
                            param="from") from exc
-        try:
-            return {"name": name, "from": a, "to": b, "diff": await service(request).diff(
-                name, _checked(a, "from"), _checked(b, "to"))}
-        except PolicyError as exc:
-            raise _translate(exc) from exc
+        return {"name": name, "from": a, "to": b, "diff": await service(request).diff(
+            name, _checked(a, "from"), _checked(b, "to"))}
 
     @put("/{name:str}", status_code=201, opt={"scope": OPERATOR},
          summary="Store a new version (validated, not activated)")
@@ -105,34 +89,22 @@ class PoliciesController(Controller):
         if not body.source.strip() or len(body.source) > MAX_SOURCE_CHARS:
             raise ApiError(400, f"source must be 1..{MAX_SOURCE_CHARS} characters",
                            param="source")
-        try:
-            return await service(request).put(name, body.layer, body.source, _who(request))
-        except PolicyError as exc:
-            raise _translate(exc) from exc
+        return await service(request).put(name, body.layer, body.source, _who(request))
 
     @post("/{name:str}/validate", status_code=200, opt={"scope": OPERATOR},
           summary="Validate a version (default: the latest) against the live snapshot")
     async def validate(self, request: Request[Any, Any, Any], name: str) -> dict[str, Any]:
-        try:
-            return await service(request).validate(name, await _version(request))
-        except PolicyError as exc:
-            raise _translate(exc) from exc
+        return await service(request).validate(name, await _version(request))
 
     @post("/{name:str}/activate", status_code=200, opt={"scope": OPERATOR},
           summary="Validate and swap in a version (default: the latest) between two ticks")
     async def activate(self, request: Request[Any, Any, Any], name: str) -> dict[str, Any]:
-        try:
-            return await service(request).activate(name, await _version(request), _who(request))
-        except PolicyError as exc:
-            raise _translate(exc) from exc
+        return await service(request).activate(name, await _version(request), _who(request))
 
     @post("/{name:str}/rollback", status_code=200, opt={"scope": OPERATOR},
           summary="Put back the version that was active before this one")
     async def rollback(self, request: Request[Any, Any, Any], name: str) -> dict[str, Any]:
-        try:
-            return await service(request).rollback(name, _who(request))
-        except PolicyError as exc:
-            raise _translate(exc) from exc
+        return await service(request).rollback(name, _who(request))
 
 
 def install_policies(app: Litestar) -> None:

@@ -14,12 +14,13 @@ from daemon.api.errors import ApiError, decode_body
 from daemon.auth import OPERATOR, PUBLIC, READ, SUBMIT, principal_of
 from daemon.core import Core
 from daemon.metrics import Exposition
+from daemon.state import WorkerState
 from db import repositories as repo
 
 _STATUSES = ("QUEUED", "REASONING", "ACTING", "PAUSED", "STOPPED", "FAILED")
 
 
-def worker_view(core: Core, w: Any) -> dict[str, Any]:
+def worker_view(w: WorkerState) -> dict[str, Any]:
     stats = w.stats
     return {
         "id": w.id, "engine": w.engine, "model": w.model, "status": w.status,
@@ -102,7 +103,7 @@ class RestController(Controller):
 
     @get("/workers", summary="Engine workers and their live stats")
     async def workers(self, core: Core) -> dict[str, Any]:
-        return {"data": [worker_view(core, w) for w in core.workers.values()]}
+        return {"data": [worker_view(w) for w in core.workers.values()]}
 
     @get("/programs", summary="Programs, newest first")
     async def programs(
