@@ -135,6 +135,13 @@ def load(
 
 
 def validate(cfg: Config) -> None:
+    from tools.spec import SpecError, parse_spec
+
+    for name, raw in cfg.tools.items():
+        try:
+            parse_spec({"name": name, **raw}, trusted=True)
+        except (SpecError, TypeError) as exc:
+            raise ConfigError(f"config tools.{name}: {exc}") from exc
     if cfg.engine not in ("sim", "vllm"):
         raise ConfigError(f"engine must be 'sim' or 'vllm', got {cfg.engine!r}")
     if not 0 <= cfg.port <= 65535:

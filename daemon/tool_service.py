@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from daemon.config import Config
-from daemon.core import Core, CoreError
+from daemon.core import Core
 from daemon.state import ProgramState
-from tools import DockerBackend, ProcessBackend, SpecError, ToolManager, ToolSpec, parse_spec
+from tools import DockerBackend, ProcessBackend, ToolManager, ToolSpec, parse_spec
 
 log = logging.getLogger("agentd.tools")
 
@@ -34,13 +34,9 @@ def daemon_id(data_dir: Path) -> str:
 
 
 def catalog(cfg: Config) -> dict[str, ToolSpec]:
-    specs = {}
-    for name, raw in cfg.tools.items():
-        try:
-            specs[name] = parse_spec({"name": name, **raw}, trusted=True)
-        except SpecError as exc:
-            raise CoreError(f"config tools.{name}: {exc}") from exc
-    return specs
+    """The configured tools; `config.validate` already refused any that do not parse."""
+    return {name: parse_spec({"name": name, **raw}, trusted=True)
+            for name, raw in cfg.tools.items()}
 
 
 class ToolService:
