@@ -144,6 +144,42 @@ class api:
         return Call("POST", "/v1/tools/gc", body={"dry_run": dry_run})
 
     @staticmethod
+    def policies() -> Call:
+        return Call("GET", "/v1/policies")
+
+    @staticmethod
+    def policy(name: str) -> Call:
+        """One policy: its versions (without source), events and the active source."""
+        return Call("GET", f"/v1/policies/{_seg(name)}")
+
+    @staticmethod
+    def policy_version(name: str, version: int) -> Call:
+        return Call("GET", f"/v1/policies/{_seg(name)}/versions/{int(version)}")
+
+    @staticmethod
+    def policy_diff(name: str, old: int, new: int) -> Call:
+        return Call("GET", f"/v1/policies/{_seg(name)}/diff", {"from": old, "to": new})
+
+    @staticmethod
+    def policy_put(name: str, layer: str, source: str) -> Call:
+        """Store a new version; the answer carries its validation report."""
+        return Call("PUT", f"/v1/policies/{_seg(name)}", body={"layer": layer, "source": source})
+
+    @staticmethod
+    def policy_validate(name: str, version: int | None = None) -> Call:
+        return Call("POST", f"/v1/policies/{_seg(name)}/validate",
+                    body=_drop_none(version=version))
+
+    @staticmethod
+    def policy_activate(name: str, version: int | None = None) -> Call:
+        return Call("POST", f"/v1/policies/{_seg(name)}/activate",
+                    body=_drop_none(version=version))
+
+    @staticmethod
+    def policy_rollback(name: str) -> Call:
+        return Call("POST", f"/v1/policies/{_seg(name)}/rollback")
+
+    @staticmethod
     def sessions(limit: int = 100, offset: int = 0) -> Call:
         return Call("GET", "/v1/sessions", {"limit": limit, "offset": offset})
 
@@ -174,6 +210,21 @@ def _drop_none(**kw: Any) -> dict[str, Any]:
 def _seg(value: str) -> str:
     """Quote an id for a path segment, so 'a/b' cannot reach another endpoint."""
     return quote(value, safe="")
+
+
+def histogram_buckets(text: str, name: str) -> dict[float, float]:
+    """Cumulative counts of an unlabelled histogram's buckets, by upper bound."""
+    out: dict[float, float] = {}
+    prefix = f'{name}_bucket{{le="'
+    for line in text.splitlines():
+        if not line.startswith(prefix):
+            continue
+        bound, _, value = line[len(prefix):].partition('"} ')
+        try:
+            out[float(bound)] = float(value)
+        except ValueError:
+            continue
+    return out
 
 
 def scalar_metrics(text: str) -> dict[str, float]:
@@ -331,12 +382,18 @@ class AgentdClient(_Base):
 
 
 class AsyncAgentdClient(_Base):
-    """The same calls for asyncio callers (the TUI)."""
+    """The same calls for asyncio callers (the TUI).
+
+    `transport` replaces the network, e.g. with a fixed in-process dataset for
+    rendering tests; everything above it (paths, decoding, errors) stays the same.
+    """
 
     def __init__(self, url: str | None = None, token: str | None = None,
-                 timeout: float = DEFAULT_TIMEOUT_S) -> None:
+                 timeout: float = DEFAULT_TIMEOUT_S,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
         super().__init__(url, token, timeout)
-        self._http = httpx.AsyncClient(base_url=self.url, headers=self.headers)
+        self._http = httpx.AsyncClient(base_url=self.url, headers=self.headers,
+                                       transport=transport)
 
     async def __aenter__(self) -> AsyncAgentdClient:
         return self

@@ -85,6 +85,18 @@ def span(start: float | None, end: float | None) -> str:
     return "-" if start is None or end is None else seconds(end - start)
 
 
+def nbytes(value: float | None) -> str:
+    """1536 -> '1.5 KiB'."""
+    if value is None:
+        return "-"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
 def percent(part: float, whole: float) -> str:
     return "-" if not whole else f"{100 * part / whole:.0f}%"
 

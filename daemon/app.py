@@ -11,10 +11,11 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
 from daemon import auth, drain, recovery
-from daemon.api.errors import EXCEPTION_HANDLERS
+from daemon.api.errors import EXCEPTION_HANDLERS, ErrorSchemaPlugin
 from daemon.api.gateway import GatewayController
 from daemon.api.policies_api import install_policies
 from daemon.api.rest import OperatorController, OpsController, RestController
+from daemon.api.scheduling_api import SchedulingController
 from daemon.api.tools_api import ToolsController
 from daemon.config import Config
 from daemon.core import Core
@@ -91,7 +92,7 @@ def create_app(config: Config) -> Litestar:
     daemon = Daemon(config)
     app = Litestar(
         route_handlers=[GatewayController, RestController, OperatorController, OpsController,
-                        ToolsController, drain.DrainController,
+                        ToolsController, SchedulingController, drain.DrainController,
                         create_ui_router(config.base_url)],
         before_request=drain.refuse_while_draining,
         guards=[auth.require_scope],
@@ -99,6 +100,7 @@ def create_app(config: Config) -> Litestar:
                       "tools": Provide(daemon.get_tools, sync_to_thread=False)},
         lifespan=[daemon.lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
+        plugins=[ErrorSchemaPlugin()],
         request_max_body_size=config.max_body_bytes,
         openapi_config=OpenAPIConfig(title="agentd", version="0.1.0", openapi_router=Router(
             path="/schema", route_handlers=[], opt={"scope": auth.READ})),

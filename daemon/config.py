@@ -40,6 +40,12 @@ class Config:
     max_body_bytes: int = 4 * 1024 * 1024
     max_tokens_limit: int = 32768
     kv_policy: str = "agentd"  # vllm-default | sticky | continuum-ttl | thunderagent | agentd
+    # SLO scheduling (daemon/slo_settings.py): the policies each layer starts with.
+    ordering_policy: str = "fcfs"  # a pool policy of scheduling/ordering.py
+    meta_policy: str = "meta-rules"  # meta-rules | meta-bandit | off | a pool policy, fixed
+    meta_interval_s: float = 2.0
+    admission_policy: str = "statera"  # statera | unbounded
+    slo: dict[str, Any] = field(default_factory=dict)  # the [slo] tables: cycle, windows, rules
     log_format: str = "plain"  # plain | json
     log_level: str = "info"
     sim_kv_tokens: int = 65536
@@ -153,6 +159,11 @@ def validate(cfg: Config) -> None:
     if cfg.kv_policy not in KV_POLICIES:
         raise ConfigError(
             f"kv_policy must be one of {', '.join(sorted(KV_POLICIES))}, got {cfg.kv_policy!r}")
+    from daemon.slo_settings import config_problem
+
+    problem = config_problem(cfg)
+    if problem is not None:
+        raise ConfigError(problem)
     if cfg.log_format not in ("plain", "json"):
         raise ConfigError(f"log_format must be 'plain' or 'json', got {cfg.log_format!r}")
     if cfg.heartbeat_timeout_s <= cfg.heartbeat_interval_s:

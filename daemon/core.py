@@ -22,7 +22,10 @@ from daemon import protocol
 from daemon.broker import Broker
 from daemon.config import Config
 from daemon.kv_control import KvControl
-from daemon.metrics import Histogram
+from daemon.metrics import Histogram, add_collector
+from daemon.slo_control import RESIDENT, SloControl
+from daemon.slo_exposition import slo_families
+from daemon.slo_settings import parse_settings
 from daemon.state import (
     ProgramState,
     ProgramStatus,
@@ -62,14 +65,19 @@ class Core:
         self.workers: dict[str, WorkerState] = {}
         self.programs: dict[str, ProgramState] = {}
         self.requests: dict[str, RequestState] = {}
-        self.queue: deque[str] = deque()
         self._known_sessions: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._accepting = True
         self._pumping = False
+        self._remove_metrics: Callable[[], None] | None = None
         self.kv = KvControl(self, config.kv_policy)
+        self.slo = SloControl(self, parse_settings(config.slo))
+        # The one global waiting queue: ordered by the active ordering policy, plus the
+        # requests whose program the KV policy holds (see pump).
+        self.queue = self.slo.waiting
         # Parts that follow program lifecycles (tools) subscribe here.
-        self.on_program_end: list[Callable[[ProgramState], None]] = []
+        self.on_program_end: list[Callable[[ProgramState], None]] = [
+            lambda p: self.slo.tagging.forget(p.id)]
         self.on_program_waiting: list[Callable[[ProgramState], None]] = []
         self.counters: dict[str, float] = {
             "requests_total": 0, "requests_failed": 0, "failovers": 0,
@@ -85,6 +93,8 @@ class Core:
         self.broker.start()
         self._tasks.append(asyncio.create_task(self._health_loop(), name="worker-health"))
         self._tasks.append(asyncio.create_task(self._kv_loop(), name="kv-control"))
+        self._tasks.append(asyncio.create_task(self.slo.run(), name="slo-control"))
+        self._remove_metrics = add_collector(lambda out: slo_families(out, self.slo))
 
     async def stop(self) -> None:
         self._accepting = False
@@ -93,6 +103,8 @@ class Core:
                 self.broker.send(w.identity, protocol.Shutdown())
         for task in self._tasks:
             task.cancel()
+        if self._remove_metrics is not None:
+            self._remove_metrics()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.broker.stop()
 
@@ -246,11 +258,11 @@ class Core:
             program.tool_time_count += 1
         self.counters["requests_total"] += 1
         self.writer.insert("requests", _request_row(req))
+        tag = self.slo.on_submit(req, now)
         self.writer.trace(
             "request.queued", session_id=req.session_id, program_id=req.program_id,
-            request_id=req.id, max_tokens=sampling.max_tokens,
+            request_id=req.id, max_tokens=sampling.max_tokens, **self.slo.describe(tag),
         )
-        self.queue.append(req.id)
         for callback in self.on_program_waiting:
             callback(program)
         self.pump()
@@ -266,30 +278,112 @@ class Core:
         self._end_request(req, RequestStatus.ABORTED, "abort", error=reason)
 
     def pump(self) -> None:
-        """Dispatch every queued request whose program the KV policy places on a worker.
+        """Dispatch what the KV policy places and the stability agent admits.
 
-        The queue is the one global waiting queue across workers: a request waits
-        while its program is not admitted (QUEUED) or paused, in arrival order.
+        The global waiting queue across workers has two parts. `parked` holds requests
+        whose program the KV policy is holding (not admitted yet, paused, held by an
+        operator); they are retried in arrival order on every pump, as before the SLO
+        stack, since the KV policy decides when they run. The ordered part holds the
+        rest in the active ordering policy's order and is served head first while the
+        head's worker admits it. A head no open worker admits stops the pump: nothing
+        overtakes it, which is what makes the order matter. A head whose program lives
+        on one full worker waits aside for this pump so the other workers keep serving.
         """
         if self._pumping:
             return
         self._pumping = True
         try:
-            waiting: deque[str] = deque()
-            while self.queue:
-                rid = self.queue.popleft()
-                req = self.requests.get(rid)
-                if req is None or req.status != RequestStatus.QUEUED:
-                    continue
-                program = self.programs[req.program_id]
-                worker_id = self.kv.route(program)
-                if worker_id is None or worker_id not in self.workers:
-                    waiting.append(rid)
-                    continue
-                self._dispatch(req, program, self.workers[worker_id])
-            self.queue = waiting
+            open_ = self.slo.open_workers()
+            self._pump_parked(open_)
+            self._pump_ordered(open_, time.time())
         finally:
             self._pumping = False
+
+    def _pump_parked(self, open_: set[str]) -> None:
+        parked = self.queue.parked
+        if not parked:
+            return
+        waiting: deque[str] = deque()
+        for rid in parked:
+            req = self.requests.get(rid)
+            if req is None or req.status != RequestStatus.QUEUED:
+                continue
+            program = self.programs[req.program_id]
+            if not self._may_start(req, program, open_):
+                waiting.append(rid)
+                continue
+            worker_id = self.kv.route(program)
+            if worker_id is None or not self._admitted(req, worker_id, open_):
+                waiting.append(rid)
+                continue
+            self._dispatch(req, program, self.workers[worker_id])
+            self._close_if_full(worker_id, open_)
+        self.queue.parked = waiting
+
+    def _pump_ordered(self, open_: set[str], now: float) -> None:
+        ordered, aside = self.queue.ordered, []
+        # Each pass takes a request or rebuilds a misbehaving policy; the bound keeps a
+        # policy that misbehaves with nothing to fall back to from spinning the loop.
+        passes = 2 * len(ordered) + 4
+        while open_ and passes > 0 and (head := ordered.peek(now)) is not None:
+            passes -= 1
+            req = self.requests.get(head.request_id)
+            if req is None or req.status != RequestStatus.QUEUED:
+                ordered.discard(head.request_id)
+                continue
+            program = self.programs[req.program_id]
+            if not self._may_start(req, program, open_):
+                home = _home(program, self.workers)
+                if home is None:
+                    break  # strict order: nothing overtakes the head
+                open_.discard(home)
+                if open_ and ordered.take(head, now):
+                    aside.append(head)
+                continue
+            worker_id = self.kv.route(program)
+            if not ordered.take(head, now):
+                continue
+            if worker_id is None or worker_id not in self.workers:
+                self.queue.parked.append(req.id)
+            elif not self._admitted(req, worker_id, open_):
+                aside.append(head)
+            else:
+                self._dispatch(req, program, self.workers[worker_id])
+                self._close_if_full(worker_id, open_)
+        # Back through push: for a policy with state (WFQ's tags, two-lane's gate) a
+        # request set aside counts as arriving again.
+        for q in aside:
+            ordered.push(q, now)
+
+    def _may_start(self, req: RequestState, program: ProgramState, open_: set[str]) -> bool:
+        """Whether an open worker the request could go to admits it (asked before
+        routing, so a refusal does not record a KV admission that does not happen)."""
+        home = _home(program, self.workers)
+        candidates = [home] if home is not None else sorted(open_)
+        decision = None
+        for worker_id in candidates:
+            if worker_id not in open_:
+                continue
+            decision = self.slo.admit(req.id, self.workers[worker_id])
+            if decision.admit:
+                return True
+        if decision is not None:
+            self.slo.refuse(req, decision)
+        return False
+
+    def _admitted(self, req: RequestState, worker_id: str, open_: set[str]) -> bool:
+        worker = self.workers.get(worker_id)
+        if worker is None or worker_id not in open_:
+            return False
+        decision = self.slo.admit(req.id, worker)
+        if not decision.admit:
+            self.slo.refuse(req, decision)
+            open_.discard(worker_id)
+        return decision.admit
+
+    def _close_if_full(self, worker_id: str, open_: set[str]) -> None:
+        if not self.slo.has_room(worker_id):
+            open_.discard(worker_id)
 
     def _dispatch(self, req: RequestState, program: ProgramState, worker: WorkerState) -> None:
         now = time.time()
@@ -323,6 +417,7 @@ class Core:
         self.writer.trace(
             "request.dispatched", session_id=req.session_id, program_id=req.program_id,
             request_id=req.id, worker_id=worker.id, failover=not first_dispatch,
+            **self.slo.on_dispatch(req, worker.id),
         )
 
     # --- worker messages --------------------------------------------------------
@@ -459,6 +554,7 @@ class Core:
             self.counters["cached_tokens"] += req.cached_tokens
         elif status == RequestStatus.FAILED:
             self.counters["requests_failed"] += 1
+        self.slo.on_end(req)
         self.writer.update(
             "requests", req.id, status=status.value, finish_reason=reason, error=error,
             prompt_tokens=req.prompt_tokens, cached_tokens=req.cached_tokens,
@@ -548,12 +644,13 @@ class Core:
     def _back_to_queue(self, req: RequestState, reason: str) -> None:
         """The request continues later, elsewhere, from the text generated so far."""
         req.status = RequestStatus.QUEUED
+        self.slo.on_release(req)
         program = self.programs.get(req.program_id)
         if program is not None:
             program.ready_request = req.id
             program.ready_since = time.time()
             self.set_program_status(program, ProgramStatus.PAUSED, reason)
-        self.queue.appendleft(req.id)
+        self.queue.parked.appendleft(req.id)
 
     def _expire_queued(self, now: float) -> None:
         if any(w.healthy for w in self.workers.values()):
@@ -564,6 +661,14 @@ class Core:
             if req and req.status == RequestStatus.QUEUED and now - req.queued_at > limit:
                 self._end_request(req, RequestStatus.FAILED, "error",
                                   error=f"no healthy worker for {limit:.0f}s")
+
+
+def _home(program: ProgramState, workers: dict[str, WorkerState]) -> str | None:
+    """The healthy worker holding the program's KV, which its next request goes to."""
+    worker = workers.get(program.worker_id or "")
+    if program.status in RESIDENT and worker is not None and worker.healthy:
+        return worker.id
+    return None
 
 
 def _session_row(sid: str, now: float) -> dict[str, Any]:

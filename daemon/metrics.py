@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 # vLLM's own TTFT / e2e buckets (seconds), so dashboards built for vLLM read ours.
 LATENCY_BUCKETS = (
@@ -36,8 +36,24 @@ class Histogram:
         yield f"{name}_count{suffix} {self.n}"
 
 
+Collector = Callable[["Exposition"], None]
+_COLLECTORS: list[Collector] = []
+
+
+def add_collector(collect: Collector) -> Callable[[], None]:
+    """Have `collect(out)` add its families to every /metrics page (as prometheus_client's
+    registry does), so a part of the daemon owns its metrics; returns the remover."""
+    _COLLECTORS.append(collect)
+
+    def remove() -> None:
+        if collect in _COLLECTORS:
+            _COLLECTORS.remove(collect)
+
+    return remove
+
+
 class Exposition:
-    """Collects metric families in order and renders them once."""
+    """Collects metric families in order and renders them once, registered collectors last."""
 
     def __init__(self) -> None:
         self._lines: list[str] = []
@@ -58,6 +74,8 @@ class Exposition:
         self._lines.extend(hist.lines(name))
 
     def render(self) -> str:
+        for collect in list(_COLLECTORS):
+            collect(self)
         return "\n".join(self._lines) + "\n"
 
 

@@ -1,28 +1,55 @@
 """Tool environments owned by programs, wired into the daemon.
 
-Programs acquire environments on first use or declare them up front (then they
-are prepared while the program still waits in the global queue). When a program
-ends, everything it holds is removed. At start, and every sweep interval, the
-daemon reclaims resources labelled with its id whose program is not live.
+Programs acquire environments on first use or declare them up front (configured tool
+names, or spec objects sent with the request). A declared environment starts
+preparing when its program is admitted or comes within `PREPARE_AHEAD` places of the
+head of the global waiting queue (in the KV policy's restore order), so setup overlaps
+the wait and the program's first tool call waits only for what is left. When a program
+ends, everything it holds is removed. At start, and every sweep interval, the daemon
+reclaims resources labelled with its id whose program is not live.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from daemon import tool_metrics
 from daemon.config import Config
 from daemon.core import Core
-from daemon.state import ProgramState
-from tools import DockerBackend, ProcessBackend, ToolManager, ToolSpec, parse_spec
+from daemon.metrics import Exposition, add_collector
+from daemon.state import ProgramState, ProgramStatus
+from scheduling.kv.plan import restore_order
+from scheduling.kv.view import WAITING, ProgramView
+from tools import (
+    DockerBackend,
+    ProcessBackend,
+    SpecError,
+    ToolError,
+    ToolManager,
+    ToolSpec,
+    merge_spec,
+    parse_spec,
+)
 
 log = logging.getLogger("agentd.tools")
 
 SWEEP_INTERVAL_S = 60.0
+PREPARE_SCAN_S = 0.25
+# Enough to hide setup for the next admissions; few enough that a long queue does not
+# start one container per waiting program at once.
+PREPARE_AHEAD = 16
+USAGE_MAX_AGE_S = 5.0
 _LIVE = {"QUEUED", "REASONING", "ACTING", "PAUSED"}
+_ADMITTED = (ProgramStatus.REASONING, ProgramStatus.ACTING)
+
+Declaration = str | Mapping[str, Any]
 
 
 def daemon_id(data_dir: Path) -> str:
@@ -39,6 +66,22 @@ def catalog(cfg: Config) -> dict[str, ToolSpec]:
             for name, raw in cfg.tools.items()}
 
 
+def queue_head(programs: Iterable[ProgramView], n: int) -> set[str]:
+    """The first `n` waiting programs, in the order the KV policy restores them."""
+    waiting = sorted((p for p in programs if p.status in WAITING), key=restore_order)
+    return {p.program_id for p in waiting[:n]}
+
+
+@dataclass
+class _Declared:
+    specs: dict[str, ToolSpec] = field(default_factory=dict)
+    started: set[str] = field(default_factory=set)
+
+    @property
+    def pending(self) -> bool:
+        return any(name not in self.started for name in self.specs)
+
+
 class ToolService:
     def __init__(self, core: Core, cfg: Config) -> None:
         self.core = core
@@ -49,35 +92,126 @@ class ToolService:
             on_event=self._on_event,
         )
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._declared: dict[str, _Declared] = {}
+        self._scan_soon = False
+        self._usage: dict[str, Any] | None = None
+        self._usage_at: float | None = None
+        self._refreshing: asyncio.Task[None] | None = None
+        self._remove_collector = add_collector(self._collect)
         core.on_program_end.append(self._program_ended)
-        core.on_program_waiting.append(self._prepare_declared)
-        self.declared: dict[str, list[str]] = {}
+        core.on_program_waiting.append(self._program_waiting)
 
     async def start(self) -> None:
-        reclaimed = await self.manager.reconcile(self.live_programs)
-        if reclaimed:
-            log.info("reclaimed %d tool resources of ended programs", len(reclaimed))
+        await self._reconcile("start")
+        self._refresh_usage()
         self._spawn(self._sweep_loop())
+        self._spawn(self._prepare_loop())
 
     async def stop(self) -> None:
+        self._remove_collector()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.manager.close()
 
-    def declare(self, program: ProgramState, tools: list[str]) -> None:
-        """Tools the program will use: prepared while it waits for admission."""
-        for tool in tools:
-            self.manager.spec_for(tool)  # unknown tools fail here, before anything starts
-        known = self.declared.setdefault(program.id, [])
-        known += [t for t in tools if t not in known]
+    # -- specs: configured, declared, per request ----------------------------------------
 
-    def _prepare_declared(self, program: ProgramState) -> None:
-        for tool in self.declared.get(program.id, []):
-            self.manager.prepare(program.id, self.manager.spec_for(tool))
+    def check_declarations(self, items: Sequence[Declaration]) -> list[ToolSpec]:
+        """Specs of a declaration list (tool names and/or spec objects), all or nothing;
+        the error names the entry."""
+        specs = []
+        for index, item in enumerate(items):
+            try:
+                specs.append(self._declared_spec(item))
+            except ToolError as exc:
+                raise ToolError(exc.reason, f"tools[{index}]: {exc.message}",
+                                tool=exc.tool) from exc
+        return specs
+
+    def _declared_spec(self, item: Declaration) -> ToolSpec:
+        if isinstance(item, str):
+            return self.manager.spec_for(item)
+        name = item.get("name")
+        base = self.manager.configured(name) if isinstance(name, str) else None
+        return merge_spec(base, item) if base else parse_spec(item)
+
+    def resolve(
+        self, program_id: str, tool: str, overrides: Mapping[str, Any] | None = None
+    ) -> ToolSpec | None:
+        """The spec an exec uses: the program's declared one, else the configured one, with
+        `overrides`; without either, a per-request spec is `overrides` itself. None leaves
+        it to the manager (what the program used before)."""
+        declared = self._declared.get(program_id)
+        base = (declared.specs.get(tool) if declared else None) or self.manager.configured(tool)
+        if not overrides:
+            return base
+        if base is None:
+            if overrides.get("name", tool) != tool:
+                raise SpecError("name: must match the tool in the path", tool=tool)
+            return parse_spec({**overrides, "name": tool})
+        return merge_spec(base, overrides)
+
+    def declare(self, program: ProgramState, items: Sequence[Declaration]) -> list[str]:
+        """Tools the program will use, prepared ahead of its first call. Declaring a tool
+        again replaces its spec only while its preparation has not started."""
+        specs = self.check_declarations(items)
+        declared = self._declared.setdefault(program.id, _Declared())
+        for spec in specs:
+            if spec.name not in declared.started:
+                declared.specs[spec.name] = spec
+        self._schedule_scan()
+        return list(declared.specs)
+
+    # -- asynchronous preparation ----------------------------------------------------------
+
+    def _program_waiting(self, program: ProgramState) -> None:
+        declared = self._declared.get(program.id)
+        if declared is not None and declared.pending:
+            self._schedule_scan()
+
+    def _schedule_scan(self) -> None:
+        # Coalesced: a burst of submissions costs one scan, after the core has queued them.
+        if not self._scan_soon:
+            self._scan_soon = True
+            asyncio.get_running_loop().call_soon(self._scan)
+
+    async def _prepare_loop(self) -> None:
+        # Admissions and restores have no hook; polling catches programs moving up the queue.
+        while True:
+            await asyncio.sleep(PREPARE_SCAN_S)
+            try:
+                self._scan()
+            except Exception:  # a bad scan must not end preparation for good
+                log.exception("scanning for environments to prepare failed")
+
+    def _scan(self) -> None:
+        self._scan_soon = False
+        pending = [pid for pid, d in self._declared.items() if d.pending]
+        if not pending:
+            return
+        head = self._queue_head()
+        for pid in pending:
+            program = self.core.programs.get(pid)
+            if program is not None and (program.status in _ADMITTED or pid in head):
+                self._prepare(pid, self._declared[pid])
+
+    def _queue_head(self) -> set[str]:
+        return queue_head(self.core.kv.view().programs, PREPARE_AHEAD)
+
+    def _prepare(self, program_id: str, declared: _Declared) -> None:
+        for name, spec in declared.specs.items():
+            if name in declared.started:
+                continue
+            declared.started.add(name)  # a failure is reported by events, not retried here
+            try:
+                self.manager.prepare(program_id, spec)
+            except ToolError as exc:
+                log.warning("cannot prepare %s for %s: %s", name, program_id, exc)
+
+    # -- ending and reconciling ------------------------------------------------------------
 
     def _program_ended(self, program: ProgramState) -> None:
-        self.declared.pop(program.id, None)
+        self._declared.pop(program.id, None)
         # Most programs never touch a tool; asking every backend about them would cost a
         # Docker round trip per request. Leftovers of earlier runs go in the sweep.
         if self.manager.holds(program.id):
@@ -88,10 +222,44 @@ class ToolService:
         live = await self.core.live_program_ids()
         return live | {p.id for p in self.core.programs.values() if p.status.value in _LIVE}
 
+    async def _reconcile(self, why: str) -> None:
+        # A failed sweep must not stop the daemon or the next sweep; it is retried then.
+        try:
+            done = await self.manager.reconcile(self.live_programs)
+        except Exception:
+            log.exception("tool reconciliation (%s) failed", why)
+            return
+        if done:
+            log.info("reclaimed %d tool resources of ended programs (%s)", len(done), why)
+
     async def _sweep_loop(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
-            await self.manager.reconcile(self.live_programs)
+            await self._reconcile("sweep")
+
+    # -- observing -------------------------------------------------------------------------
+
+    def _collect(self, out: Exposition) -> None:
+        """`agentd_tool_*` on /metrics. What the engines hold comes from a `df`, which walks
+        the disk: it is refreshed in the background when older than USAGE_MAX_AGE_S, and a
+        scrape reports the last one."""
+        if self._usage_at is None or time.monotonic() - self._usage_at > USAGE_MAX_AGE_S:
+            self._refresh_usage()
+        tool_metrics.write(out, self.manager.counters.snapshot(), self._usage,
+                           self.manager.backends)
+
+    def _refresh_usage(self) -> None:
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.create_task(self._read_usage())
+            self._tasks.add(self._refreshing)
+            self._refreshing.add_done_callback(self._tasks.discard)
+
+    async def _read_usage(self) -> None:
+        try:
+            self._usage = await self.manager.usage()
+        except Exception:
+            log.exception("reading tool resource usage failed")
+        self._usage_at = time.monotonic()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -102,7 +270,17 @@ class ToolService:
         fields = {k: v for k, v in event.items() if k not in ("kind", "at")}
         pid = fields.pop("program_id", None)
         program = self.core.programs.get(pid) if pid else None
+        if pid and program is None:
+            # Reclaiming for a program this run never loaded (an orphan found at start or by
+            # a sweep): its session, which the trace is kept by, is in the store.
+            self._spawn(self._trace_stored(event["kind"], pid, fields))
+            return
         self.core.writer.trace(
             event["kind"], program_id=pid,
             session_id=program.session_id if program else None, **fields,
         )
+
+    async def _trace_stored(self, kind: str, program_id: str, fields: dict[str, Any]) -> None:
+        program = await self.core.load_program(program_id)
+        self.core.writer.trace(kind, program_id=program_id,
+                               session_id=program.session_id if program else None, **fields)

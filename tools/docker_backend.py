@@ -7,6 +7,7 @@ the middle of a program is worse than a clear `unknown_image`.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import secrets
 from collections.abc import Sequence
@@ -27,6 +28,8 @@ from tools.spec import ToolSpec
 KEEPALIVE = ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"]
 DEFAULT_WORKDIR = "/work"
 MIB = 1 << 20
+DF_RETRIES = 50
+DF_RETRY_S = 0.2
 
 
 def _slug(text: str, limit: int = 20) -> str:
@@ -120,6 +123,21 @@ def _volume(entry: dict[str, Any]) -> Resource:
     )
 
 
+async def _df(api: Any) -> dict[str, Any]:
+    # Engines before 23.0 refuse a `df` while another one (any client's) runs, instead
+    # of sharing its answer; it is worth waiting for, sizes are what was asked.
+    for _ in range(DF_RETRIES):
+        try:
+            usage: dict[str, Any] = await call(api.df)
+            return usage
+        except ToolError as exc:
+            if "already running" not in exc.message:
+                raise
+        await asyncio.sleep(DF_RETRY_S)
+    last: dict[str, Any] = await call(api.df)
+    return last
+
+
 def _owned(entry: dict[str, Any], wanted: dict[str, str]) -> bool:
     labels = entry.get("Labels") or {}
     return all(labels.get(k) == v for k, v in wanted.items())
@@ -185,7 +203,7 @@ class DockerBackend:
         wanted = {LABEL_DAEMON: daemon_id} | ({LABEL_PROGRAM: program_id} if program_id else {})
         if sizes:
             # One `df` gives writable-layer and volume sizes together; it walks the disk.
-            usage = await call(api.df)
+            usage = await _df(api)
             containers = usage.get("Containers") or []
             volumes = usage.get("Volumes") or []
         else:

@@ -67,11 +67,18 @@ class ToolManager:
         self._exec_ids = itertools.count(1)
         self.counters = ToolMetrics()
 
+    @property
+    def backends(self) -> list[str]:
+        return list(self._backends)
+
     # -- acquiring ----------------------------------------------------------------------
 
     def holds(self, program_id: str) -> bool:
         """Whether this daemon run prepared anything for the program."""
         return any(key[0] == program_id for key in self._specs)
+
+    def configured(self, tool: str) -> ToolSpec | None:
+        return self._catalog.get(tool)
 
     def spec_for(self, tool: str) -> ToolSpec:
         """The configured spec of a tool."""
@@ -355,21 +362,35 @@ class ToolManager:
 
     # -- observing ----------------------------------------------------------------------
 
-    async def list(self, *, sizes: bool = True) -> list[dict[str, Any]]:
-        """Every resource this daemon holds, with its owner, state, disk bytes and age.
-        A backend that cannot be reached is reported as one entry, not an exception."""
+    async def list(
+        self, program_id: str | None = None, *, sizes: bool = True
+    ) -> list[dict[str, Any]]:
+        """Every resource this daemon (or one program) holds, with owner, state, disk bytes
+        and age. A backend that cannot be reached is reported as one entry, not raised."""
         now, rows = time.time(), []
         for kind, backend in self._backends.items():
             try:
-                found = await backend.resources(self.daemon_id, sizes=sizes)
+                found = await backend.resources(self.daemon_id, program_id, sizes=sizes)
             except ToolError as exc:
                 rows.append({"backend": kind, "resource": "error", "error": exc.to_dict()})
                 continue
             rows += [r.to_dict() | {"age_s": max(now - r.created_at, 0.0)} for r in found]
         return rows
 
-    async def metrics(self) -> dict[str, Any]:
+    async def usage(self) -> dict[str, Any]:
+        """What the engines hold now, by state, and its disk bytes (a `df`: not per event)."""
         rows = await self.list(sizes=True)
-        by_state = Counter(f"{r['backend']}/{r['resource']}/{r.get('state', '')}" for r in rows)
-        disk = sum(r.get("disk_bytes") or 0 for r in rows)
-        return self.counters.snapshot() | {"resources_by_state": dict(by_state), "disk_bytes": disk}
+        held = [r for r in rows if r["resource"] != "error"]
+        by_state = Counter((r["backend"], r["resource"], r["state"]) for r in held)
+        return {
+            "resources": [
+                {"backend": b, "resource": k, "state": s, "count": n}
+                for (b, k, s), n in sorted(by_state.items())
+            ],
+            "disk_bytes": sum(r["disk_bytes"] or 0 for r in held),
+            "programs_holding": len({r["program_id"] for r in held}),
+            "backends_down": sorted(r["backend"] for r in rows if r["resource"] == "error"),
+        }
+
+    async def metrics(self) -> dict[str, Any]:
+        return self.counters.snapshot() | await self.usage()

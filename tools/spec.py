@@ -90,18 +90,31 @@ class SpecError(ToolError):
 
 
 def parse_spec(data: Mapping[str, Any], *, trusted: bool = False) -> ToolSpec:
-    """`trusted` is for operator config: only it may bind host paths into a container."""
+    """`trusted` is for operator config: only it may bind host paths into a container or
+    share the host's network; specs from requests and bundles are not trusted."""
     try:
         spec = msgspec.convert(dict(data), ToolSpec)
     except msgspec.ValidationError as exc:
         raise SpecError(f"invalid tool spec: {exc}", tool=str(data.get("name", ""))) from exc
-    if not trusted and any(m.type == "bind" for m in spec.mounts):
-        raise SpecError("mounts: bind mounts are allowed only in operator config", tool=spec.name)
+    if not trusted:
+        _check_untrusted(spec.name, spec.mounts, spec.network)
     return spec
 
 
+def _check_untrusted(name: str, mounts: Any, network: Any) -> None:
+    if any((m.type if isinstance(m, Mount) else m.get("type")) == "bind" for m in mounts):
+        raise SpecError("mounts: bind mounts are allowed only in operator config", tool=name)
+    if network == "host":
+        raise SpecError("network: 'host' is allowed only in operator config", tool=name)
+
+
 def merge_spec(base: ToolSpec, overrides: Mapping[str, Any]) -> ToolSpec:
-    """A per-request tweak of a configured tool (say a longer timeout) without restating it."""
-    if any(m.get("type") == "bind" for m in overrides.get("mounts", ())):
-        raise SpecError("mounts: bind mounts are allowed only in operator config", tool=base.name)
+    """A per-request tweak of a configured tool (say a longer timeout) without restating it.
+    The overrides are untrusted; what the operator configured stays allowed."""
+    # Malformed mounts are left for parse_spec to refuse with the field named.
+    raw = overrides.get("mounts", ())
+    mounts = [m for m in raw if isinstance(m, Mapping)] if isinstance(raw, list | tuple) else []
+    _check_untrusted(base.name, mounts, overrides.get("network"))
+    if overrides.get("name", base.name) != base.name:
+        raise SpecError("name: overrides cannot rename a tool", tool=base.name)
     return parse_spec(msgspec.to_builtins(base) | dict(overrides), trusted=True)

@@ -1,3 +1,3 @@
-from webui.controllers import create_ui_router
+from webui.router import create_ui_router
 
 __all__ = ["create_ui_router"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
@@ -43,6 +45,33 @@ class Api:
     async def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
         return self._answer(await self._client.post(path, json=body))
 
+    async def put(self, path: str, body: dict[str, Any]) -> Any:
+        return self._answer(await self._client.put(path, json=body))
+
+    async def delete(self, path: str) -> Any:
+        return self._answer(await self._client.delete(path))
+
+    async def text(self, path: str) -> str:
+        response = await self._client.get(path, headers={"Accept": "text/plain"})
+        if not response.is_success:
+            self._answer(response)
+        return response.text
+
+    async def sse(self, path: str) -> AsyncIterator[Any]:
+        """The JSON `data:` payloads of a server-sent event stream, until `[DONE]`."""
+        async with self._client.stream("GET", path, timeout=httpx.Timeout(
+                10.0, read=None), headers={"Accept": "text/event-stream"}) as response:
+            if not response.is_success:
+                await response.aread()
+                self._answer(response)
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    return
+                yield json.loads(payload)
+
     @staticmethod
     def _answer(response: httpx.Response) -> Any:
         if response.is_success:
@@ -74,6 +103,34 @@ class Api:
                        offset: int = 0) -> tuple[list[dict[str, Any]], int]:
         body = await self.get("/v1/sessions", limit=limit, offset=offset)
         return list(body["data"]), int(body["total"])
+
+    async def policies(self) -> list[dict[str, Any]]:
+        return list((await self.get("/v1/policies"))["data"])
+
+    async def policy(self, name: str) -> dict[str, Any]:
+        return dict(await self.get(f"/v1/policies/{seg(name)}"))
+
+    async def policy_version(self, name: str, version: int) -> dict[str, Any]:
+        return dict(await self.get(f"/v1/policies/{seg(name)}/versions/{version}"))
+
+    async def policy_diff(self, name: str, a: int, b: int) -> str:
+        body = await self.get(f"/v1/policies/{seg(name)}/diff", **{"from": a, "to": b})
+        return str(body["diff"])
+
+    async def tools(self) -> list[dict[str, Any]]:
+        return list((await self.get("/v1/tools"))["data"])
+
+    async def tools_gc(self, dry_run: bool) -> list[dict[str, Any]]:
+        return list((await self.post("/v1/tools/gc", {"dry_run": dry_run}))["data"])
+
+    async def workflows(self) -> list[dict[str, Any]]:
+        return list((await self.get("/v1/workflows"))["data"])
+
+    async def runs(self) -> list[dict[str, Any]]:
+        return list((await self.get("/v1/runs"))["data"])
+
+    async def run(self, run_id: str) -> dict[str, Any]:
+        return dict(await self.get(f"/v1/runs/{seg(run_id)}"))
 
     async def session(self, session_id: str) -> dict[str, Any]:
         return dict(await self.get(f"/v1/sessions/{seg(session_id)}"))

@@ -14,20 +14,26 @@ from typing import Any
 
 from console import render
 from console.client import AgentdClient, AsyncAgentdClient, api
+from console.tui.alerts import DEFAULT_KV_IMBALANCE, imbalance_alert, worker_alerts
 
 EXIT_OK = 0
 TOP_PROGRAMS = 15
 
 
 def top_text(c: AgentdClient) -> str:
-    """The `top` screen: status, workers and the newest programs, as plain text."""
+    """The `top` screen: status, policies, alerts, workers and the newest programs."""
     health = c.call(api.healthz())
     workers = c.call(api.workers())["data"]
     programs = c.call(api.programs(limit=TOP_PROGRAMS))
     counts = {s: int(c.call(api.programs(status=s, limit=1))["total"])
               for s in render.PROGRAM_STATUSES}
+    active = [f"{p['layer']}: {p['name']} v{p['active_version']}"
+              for p in c.call(api.policies())["data"] if p.get("active")]
+    alerts = [*worker_alerts(workers), imbalance_alert(workers, DEFAULT_KV_IMBALANCE)]
+    lines = [f"alert: {a.text}" for a in alerts if a is not None] or ["alerts: none"]
     return "\n\n".join([
         render.status_view(c.url, health, workers, counts, {}),
+        "\n".join([f"active policies: {'   '.join(active) or 'none'}", *lines]),
         render.workers_table(workers),
         render.programs_table(programs["data"], programs["total"]),
     ])
@@ -54,7 +60,8 @@ def cmd_tui(c: AgentdClient, a: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     client = AsyncAgentdClient(c.url, c.token, min(c.timeout, 5.0))
-    AgentdTui(client, read_only=a.read_only, poll_interval=a.interval).run()
+    AgentdTui(client, read_only=a.read_only, poll_interval=a.interval,
+              ttft_slo_s=a.ttft_slo, kv_imbalance=a.kv_imbalance).run()
     return EXIT_OK
 
 
@@ -65,15 +72,29 @@ def _interval(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError("must be a fraction in (0, 1]")
+    return value
+
+
 def add_tui_parser(subparsers: Any,
                    common: Callable[[argparse.ArgumentParser], None] | None = None) -> None:
     """Add `tui` and `top` to agentctl's subparsers; `common` adds the shared flags."""
     tui = subparsers.add_parser("tui", help="interactive terminal UI (keys: ? in the app)",
                                 description="interactive terminal UI; press ? for its keys")
     tui.add_argument("--read-only", action="store_true",
-                     help="watch only: pause/resume/release/kill/migrate are disabled")
+                     help="watch only: every action that changes the daemon is disabled")
     tui.add_argument("--interval", type=_interval, default=1.0, metavar="SECONDS",
                      help="poll interval (default: %(default)s)")
+    tui.add_argument("--ttft-slo", type=_interval, default=1.0, metavar="SECONDS",
+                     help="time-to-first-token SLO for goodput and the trace's verdicts "
+                          "(default: %(default)s)")
+    tui.add_argument("--kv-imbalance", type=_fraction, default=DEFAULT_KV_IMBALANCE,
+                     metavar="FRACTION",
+                     help="alert when healthy workers' KV usage differs by more than this "
+                          "(default: %(default)s)")
     tui.set_defaults(tui_command=cmd_tui)
     top = subparsers.add_parser("top", help="a one-screen text summary, refreshed",
                                 description="a one-screen text summary, refreshed")

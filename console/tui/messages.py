@@ -35,8 +35,9 @@ class TraceLoaded(Message):
 class ActionDone(Message):
     """An operator action finished; `ok` False when the daemon refused it."""
 
-    def __init__(self, description: str, ok: bool, detail: str) -> None:
+    def __init__(self, description: str, ok: bool, detail: str, answer: Any = None) -> None:
         super().__init__()
         self.description = description
         self.ok = ok
         self.detail = detail
+        self.answer = answer

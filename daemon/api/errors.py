@@ -3,6 +3,7 @@
 Exceptions are translated once, here; handlers raise ApiError (or CoreError from
 the core) and never build error responses themselves. Unexpected exceptions are
 logged with their traceback and answered with a generic 500 that leaks nothing.
+`ErrorSchemaPlugin` publishes that same shape in the OpenAPI document.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from typing import Any, TypeVar
 import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.plugins import ReceiveRoutePlugin
+from litestar.routes import BaseRoute, HTTPRoute
 
 from daemon.core import CoreError
 from daemon.policies.registry import PolicyError
@@ -83,6 +87,48 @@ EXCEPTION_HANDLERS: dict[Any, Any] = {
     HTTPException: http_error_handler,
     Exception: internal_error_handler,
 }
+
+
+# --- the published schema of every error ---------------------------------------------
+
+
+class ErrorDetail(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: str
+
+
+class ErrorBody(msgspec.Struct):
+    """What every 4xx/5xx answer of the API carries (error_body above builds it)."""
+
+    error: ErrorDetail
+
+
+_ERROR = ResponseSpec(data_container=ErrorBody, generate_examples=False,
+                      description="An error: {error: {message, type, param, code}}")
+
+
+class ErrorSchemaPlugin(ReceiveRoutePlugin):
+    """Declares ErrorBody for every error status of every documented operation.
+
+    Without it Litestar documents its own {status_code, detail, extra} for validation
+    failures (and nothing for the rest), which is not what the handlers above send.
+    "4XX"/"5XX" are OpenAPI's status ranges; 400 is named too, to replace Litestar's
+    own entry. A public route (a liveness probe) answers 503 with its own body, so only
+    its 4xx are declared. Pass an instance in `Litestar(plugins=[...])`.
+    """
+
+    def receive_route(self, route: BaseRoute) -> None:
+        if not isinstance(route, HTTPRoute):
+            return
+        from daemon.auth import PUBLIC, declared_scopes  # auth imports this module
+
+        for handler in route.route_handlers:
+            codes: list[Any] = [400, "4XX"]
+            if PUBLIC not in (declared_scopes(handler) or ()):
+                codes.append("5XX")
+            handler.responses = {**dict.fromkeys(codes, _ERROR), **(handler.responses or {})}
 
 
 def decode_body(body: bytes, kind: type[T]) -> T:

@@ -1,18 +1,19 @@
-"""Tool environments over REST: exec in a program's tool, list, garbage-collect."""
+"""Tool environments over REST: exec in a program's tool, declare, list, gc."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
 
 import msgspec
-from litestar import Controller, Request, get, post
+from litestar import Controller, Request, Response, get, post
 
-from daemon.api.errors import ApiError, decode_body
+from daemon.api.errors import ApiError, decode_body, error_body
 from daemon.auth import OPERATOR, READ, SUBMIT
 from daemon.core import Core
 from daemon.operations import live_program
 from daemon.tool_service import ToolService
-from tools import SpecError, ToolError, merge_spec
+from tools import ToolError
 
 MAX_EXEC_TIMEOUT_S = 3600.0
 
@@ -20,7 +21,8 @@ MAX_EXEC_TIMEOUT_S = 3600.0
 class ExecBody(msgspec.Struct, forbid_unknown_fields=True):
     command: str | list[str]
     timeout_s: float | None = None
-    spec: dict[str, Any] | None = None  # per-request overrides of the configured spec
+    # Overrides of the declared or configured spec; for a tool neither knows, the spec.
+    spec: dict[str, Any] | None = None
 
 
 class GcBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -28,12 +30,30 @@ class GcBody(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class DeclareBody(msgspec.Struct, forbid_unknown_fields=True):
-    tools: list[str]
+    tools: list[str | dict[str, Any]]
 
 
 def _status(err: ToolError) -> int:
     return {"unknown_tool": 404, "bad_spec": 400, "bad_path": 400, "released": 409,
             "unknown_image": 422, "engine_down": 503}.get(str(err.reason), 502)
+
+
+def _tool_error(exc: ToolError, param: str | None = None) -> Response[Any]:
+    # ApiError's shape has no room for what a tool failure carries (reason, exit code,
+    # stderr tail), and a caller deciding whether to retry needs exactly that.
+    status = _status(exc)
+    body = error_body(status, str(exc), str(exc.reason), param)
+    body["error"]["tool_error"] = exc.to_dict()
+    return Response(body, status_code=status)
+
+
+def _by_program(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = defaultdict(lambda: {"resources": 0, "disk_bytes": 0})
+    for row in rows:
+        if row["resource"] != "error":
+            out[row["program_id"]]["resources"] += 1
+            out[row["program_id"]]["disk_bytes"] += row["disk_bytes"] or 0
+    return dict(out)
 
 
 class ToolsController(Controller):
@@ -43,7 +63,7 @@ class ToolsController(Controller):
     @post("/programs/{program_id:str}/tools/{tool:str}/exec", status_code=200,
           opt={"scope": SUBMIT}, summary="Run a command in the program's tool environment")
     async def exec(self, core: Core, tools: ToolService, request: Request[Any, Any, Any],
-                   program_id: str, tool: str) -> dict[str, Any]:
+                   program_id: str, tool: str) -> Response[Any]:
         body = decode_body(await request.body(), ExecBody)
         if body.timeout_s is not None and not 0 < body.timeout_s <= MAX_EXEC_TIMEOUT_S:
             raise ApiError(400, f"timeout_s must be in (0, {MAX_EXEC_TIMEOUT_S:.0f}]",
@@ -52,32 +72,34 @@ class ToolsController(Controller):
             raise ApiError(400, "command must not be empty", param="command")
         await live_program(core, program_id)
         try:
-            spec = tools.manager.spec_for(tool)
-            if body.spec:
-                spec = merge_spec(spec, body.spec)
-            result = await tools.manager.exec(program_id, tool, body.command,
-                                              timeout_s=body.timeout_s, spec=spec)
-        except SpecError as exc:
-            raise ApiError(400, f"invalid spec: {exc}", "bad_spec", param="spec") from exc
+            spec = tools.resolve(program_id, tool, body.spec)
         except ToolError as exc:
-            raise ApiError(_status(exc), str(exc), str(exc.reason)) from exc
-        return result.to_dict()
+            return _tool_error(exc, "spec")
+        timeout = body.timeout_s or (spec.exec_timeout_s if spec else None)
+        try:
+            result = await tools.manager.exec(program_id, tool, body.command,
+                                              timeout_s=timeout, spec=spec)
+        except ToolError as exc:
+            return _tool_error(exc)
+        return Response(result.to_dict(), status_code=200)
 
     @post("/programs/{program_id:str}/tools", status_code=200, opt={"scope": SUBMIT},
           summary="Declare the tools a program will use: prepared while it waits")
     async def declare(self, core: Core, tools: ToolService, request: Request[Any, Any, Any],
-                      program_id: str) -> dict[str, Any]:
+                      program_id: str) -> Response[Any]:
         body = decode_body(await request.body(), DeclareBody)
         program = await core.ensure_program(program_id, None)
         try:
-            tools.declare(program, body.tools)
+            names = tools.declare(program, body.tools)
         except ToolError as exc:
-            raise ApiError(_status(exc), str(exc), str(exc.reason), param="tools") from exc
-        return {"program_id": program.id, "tools": tools.declared[program.id]}
+            return _tool_error(exc, "tools")
+        return Response({"program_id": program.id, "tools": names}, status_code=200)
 
     @get("/tools", opt={"scope": READ}, summary="Tool containers, volumes and directories")
-    async def list_tools(self, tools: ToolService) -> dict[str, Any]:
-        return {"data": await tools.manager.list(sizes=True)}
+    async def list_tools(self, tools: ToolService, program_id: str | None = None
+                         ) -> dict[str, Any]:
+        rows = await tools.manager.list(program_id, sizes=True)
+        return {"data": rows, "by_program": _by_program(rows)}
 
     @post("/tools/gc", status_code=200, opt={"scope": OPERATOR},
           summary="Reclaim tool resources of ended programs (dry_run lists them)")

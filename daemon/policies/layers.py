@@ -1,16 +1,16 @@
 """The scheduling layers a stored policy can belong to, and how each one is checked.
 
-Generic over layers: a layer names its interface class, the methods a policy must
-have, its built-ins, and how to dry-run a policy on a snapshot. Only `kv` is wired
-in the daemon so far; ordering/meta/admission get an entry once the daemon runs them.
+Generic over layers (see daemon/policies/layer_spec.py): `kv` is defined here, the SLO
+layers `ordering`, `meta` and `admission` in daemon/policies/slo_layers.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
+from daemon.policies.layer_spec import DryCall, Layer
+from daemon.policies.slo_layers import SLO_LAYERS
 from scheduling.kv import (
     KV_POLICIES,
     Decision,
@@ -22,17 +22,7 @@ from scheduling.kv import (
     WorkerView,
 )
 
-# One dry-run call: (label, thunk taking the policy instance and returning a problem or None)
-DryCall = tuple[str, Callable[[Any], str | None]]
-
-
-@dataclass(frozen=True)
-class Layer:
-    name: str
-    interface: type
-    methods: tuple[str, ...]
-    builtins: Mapping[str, Callable[[], Any]]
-    dry_calls: Callable[[Any, float], list[DryCall]]
+__all__ = ["LAYERS", "DryCall", "Layer", "kv_dry_calls", "sample_kv_view"]
 
 
 def _decisions(value: object, what: str) -> str | None:
@@ -79,7 +69,18 @@ def sample_kv_view(now: float) -> KvView:
     return KvView(workers, programs, KvConfig())
 
 
-LAYERS: dict[str, Layer] = {
-    "kv": Layer("kv", KvPolicy, ("decide", "route", "on_request_end"), KV_POLICIES,
-                kv_dry_calls),
-}
+def _install_kv(core: Any, active: Any, on_failure: Callable[[Any], None]) -> Any:
+    from daemon.policies.swap import GuardedKvPolicy  # swap imports validate, which imports us
+
+    guard = GuardedKvPolicy(active, on_failure=on_failure)
+    core.kv.policy = guard
+    return guard
+
+
+KV_LAYER = Layer(
+    "kv", KvPolicy, ("decide", "route", "on_request_end"), KV_POLICIES, kv_dry_calls,
+    sample=sample_kv_view, live=lambda core: core.kv.view(), install=_install_kv,
+    default=lambda config: str(config.kv_policy),
+)
+
+LAYERS: dict[str, Layer] = {"kv": KV_LAYER, **SLO_LAYERS}

@@ -1,24 +1,27 @@
 """Stored policies and their versions; the one service the API and the daemon use.
 
-Built-in kv policies are registered at start as version 1 (their module's source,
-author "builtin"). Each layer has one active version: the stored one survives a
-restart; with none stored, the config's `kv_policy` becomes active. New versions
-are validated when stored and again against the live snapshot when activated.
+Generic over the layers of daemon/policies/layers.py (kv, ordering, meta, admission).
+Built-ins are registered at start as version 1 (their module's source, author
+"builtin"). Each layer has one active version: the stored one survives a restart; with
+none stored, the layer's built-in named by the config (`kv_policy`, `ordering_policy`,
+`meta_policy`, `admission_policy`) becomes active. New versions are validated when
+stored and again against the live snapshot when activated. Each layer's active version
+runs behind a `Guard` (daemon/policies/swap.py) that the layer's host in the daemon
+returns from `Layer.install`; activation and rollback go through it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import difflib
-import inspect
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, update
 
-from daemon.policies.layers import LAYERS, Layer, sample_kv_view
-from daemon.policies.swap import FAILURES_TO_RETIRE, Active, Failure, GuardedKvPolicy
+from daemon.policies.layers import LAYERS, Layer
+from daemon.policies.swap import FAILURES_TO_RETIRE, Active, Failure, Guard
 from daemon.policies.validate import Report, filename_for, load_class, validate
 from db import models
 
@@ -27,7 +30,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agentd.policies")
 BUILTIN = "builtin"
-EVENT_KINDS = ("policy.created", "policy.activated", "policy.rolled_back", "policy.retired")
+EVENT_KINDS = ("policy.created", "policy.activated", "policy.rolled_back", "policy.retired",
+               "ordering.switch", "ordering.rollback")
+# Event fields that name the policy an event is about.
+_NAMED_BY = ("name", "failed", "restored", "policy", "rolled_back")
 
 
 class PolicyError(Exception):
@@ -41,39 +47,46 @@ class PolicyService:
         self.core = core
         self.lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
-        self.guard: GuardedKvPolicy | None = None
+        self.guards: dict[str, Guard] = {}
+
+    @property
+    def guard(self) -> Guard:
+        """The kv layer's guard."""
+        return self.guards["kv"]
 
     # --- start ----------------------------------------------------------------------
 
     @classmethod
     async def start(cls, core: Core) -> PolicyService:
         service = cls(core)
-        await service._register_builtins()
-        active = await service._load_active("kv", core.config.kv_policy)
-        service.guard = GuardedKvPolicy(active, on_failure=service._on_failure)
-        core.kv.policy = service.guard
-        core.writer.trace("policy.activated", layer="kv", name=active.name,
-                          version=active.version, by="startup")
+        for layer in LAYERS.values():
+            await service._register_builtins(layer)
+            active = await service._load_active(layer, layer.default(core.config))
+            service.guards[layer.name] = layer.install(core, active, service._on_failure)
+            core.writer.trace("policy.activated", layer=layer.name, name=active.name,
+                              version=active.version, by="startup")
         return service
 
-    async def _register_builtins(self) -> None:
+    async def _register_builtins(self, layer: Layer) -> None:
         now = time.time()
         async with self.core.sessions() as s, s.begin():
-            for name, factory in LAYERS["kv"].builtins.items():
+            for name in layer.builtins:
                 if await s.get(models.Policy, name) is not None:
                     continue
-                source = inspect.getsource(inspect.getmodule(factory) or factory)
-                s.add(models.Policy(name=name, layer="kv", active_version=None, created_at=now))
+                source = layer.builtin_source(name)
+                s.add(models.Policy(name=name, layer=layer.name, active_version=None,
+                                    created_at=now))
                 await s.flush()
                 s.add(models.PolicyVersion(
                     policy_name=name, version=1, source=source, author=BUILTIN, status="draft",
                     validation_report={"ok": True, "builtin": True, "errors": []},
                     created_at=now))
 
-    async def _load_active(self, layer: str, default: str) -> Active:
+    async def _load_active(self, layer: Layer, default: str) -> Active:
         async with self.core.sessions() as s, s.begin():
             row = (await s.scalars(select(models.Policy).where(
-                models.Policy.layer == layer, models.Policy.active_version.is_not(None)))).first()
+                models.Policy.layer == layer.name,
+                models.Policy.active_version.is_not(None)))).first()
             if row is None:
                 row = await s.get(models.Policy, default)
                 assert row is not None
@@ -82,11 +95,11 @@ class PolicyService:
             name, number = row.name, row.active_version
             assert number is not None
             version = await self._version_row(s, name, number)
-            return Active(name, number, self._instantiate(LAYERS[layer], version))
+            return Active(name, number, self._instantiate(layer, version))
 
     def _instantiate(self, layer: Layer, v: models.PolicyVersion) -> Any:
         if v.author == BUILTIN and v.version == 1 and v.policy_name in layer.builtins:
-            return layer.builtins[v.policy_name]()
+            return layer.builtin(v.policy_name, self.core)
         cls = load_class(layer, v.policy_name, v.source, filename_for(v.policy_name, v.version))
         return cls()
 
@@ -135,8 +148,7 @@ class PolicyService:
             rows = (await s.scalars(select(models.TraceEvent).where(
                 models.TraceEvent.kind.in_(EVENT_KINDS), models.TraceEvent.session_id.is_(None))
                 .order_by(models.TraceEvent.id.desc()).limit(limit * 5))).all()
-        hits = [r for r in rows if r.data.get("name") == name or r.data.get("failed") == name
-                or r.data.get("restored") == name]
+        hits = [r for r in rows if any(r.data.get(k) == name for k in _NAMED_BY)]
         return [{"id": r.id, "ts": r.ts, "kind": r.kind, "data": r.data}
                 for r in reversed(hits[:limit])]
 
@@ -189,63 +201,68 @@ class PolicyService:
                                       + "; ".join(_problem(e) for e in report.errors),
                                       "validation_failed")
                 policy = self._instantiate(layer, v)
-                active = Active(name, v.version, policy)
-                assert self.guard is not None
-                swap_s = self.guard.swap(active)
+                guard = self.guards[layer.name]
+                swap_s = guard.swap(Active(name, v.version, policy))
                 await self._mark_active(s, layer.name, name, v.version)
                 out = _version_dict(v, source=False)
             self.core.writer.trace("policy.activated", layer=layer.name, name=name,
                                    version=v.version, by=by, swap_us=round(swap_s * 1e6, 1))
             await self.core.writer.flush()
-        return {**out, "swap_us": round(swap_s * 1e6, 1)}
+        # A version that failed at once was rolled back already: say what runs now.
+        running = {"name": guard.current.name, "version": guard.current.version}
+        return {**out, "swap_us": round(swap_s * 1e6, 1), "active": running}
 
     async def rollback(self, name: str, by: str) -> dict[str, Any]:
         async with self.lock:
-            guard = self.guard
-            assert guard is not None
+            async with self.core.sessions() as s:
+                layer = _layer((await self._policy_row(s, name)).layer)
+            guard = self.guards[layer.name]
             failed = guard.current
             if failed.name != name:
-                raise PolicyError(409, f"policy {name!r} is not the active kv policy "
+                raise PolicyError(409, f"policy {name!r} is not the active {layer.name} policy "
                                   f"({failed.name} v{failed.version} is)", "not_active")
             restored = guard.restore_previous()
             if restored is None:
-                restored = await self._load_default()
-                guard.current = restored
-            self.core.writer.trace("policy.rolled_back", layer="kv", name=name,
+                restored = await self._load_default(layer)
+                guard.reset(restored)
+            self.core.writer.trace("policy.rolled_back", layer=layer.name, name=name,
                                    version=failed.version, restored=restored.name,
                                    restored_version=restored.version,
                                    reason=f"operator rollback by {by}")
-            await self._persist_failure(failed, restored, count=False)
+            await self._persist_failure(layer.name, failed, restored, count=False)
             await self.core.writer.flush()
         return {"rolled_back": {"name": name, "version": failed.version},
                 "active": {"name": restored.name, "version": restored.version}}
 
-    async def _load_default(self) -> Active:
-        default = self.core.config.kv_policy
+    async def _load_default(self, layer: Layer) -> Active:
+        default = layer.default(self.core.config)
         async with self.core.sessions() as s:
             v = await self._version_row(s, default, 1)
-            return Active(default, 1, self._instantiate(LAYERS["kv"], v))
+            return Active(default, 1, self._instantiate(layer, v))
 
     # --- automatic rollback -----------------------------------------------------------
 
     def _on_failure(self, failure: Failure) -> None:
         f, r = failure.failed, failure.restored
-        self.core.writer.trace("policy.rolled_back", layer="kv", name=f.name, version=f.version,
-                               restored=r.name, restored_version=r.version,
+        self.core.writer.trace("policy.rolled_back", layer=failure.layer, name=f.name,
+                               version=f.version, restored=r.name, restored_version=r.version,
                                reason=failure.reason, automatic=True)
-        task = asyncio.get_running_loop().create_task(self._persist_failure(f, r, count=True))
+        task = asyncio.get_running_loop().create_task(
+            self._persist_failure(failure.layer, f, r, count=True))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _persist_failure(self, failed: Active, restored: Active, count: bool) -> None:
+    async def _persist_failure(self, layer: str, failed: Active, restored: Active,
+                               count: bool) -> None:
         async with self.core.sessions() as s, s.begin():
             v = await self._version_row(s, failed.name, failed.version)
             failures = int(v.validation_report.get("runtime_failures", 0)) + int(count)
             v.validation_report = {**v.validation_report, "runtime_failures": failures}
             v.status = "retired" if failures >= FAILURES_TO_RETIRE else "rolled_back"
-            await self._mark_active(s, "kv", restored.name, restored.version)
+            if await s.get(models.Policy, restored.name) is not None:
+                await self._mark_active(s, layer, restored.name, restored.version)
         if v.status == "retired":
-            self.core.writer.trace("policy.retired", layer="kv", name=failed.name,
+            self.core.writer.trace("policy.retired", layer=layer, name=failed.name,
                                    version=failed.version, failures=failures)
 
     async def _mark_active(self, s: Any, layer: str, name: str, number: int) -> None:
@@ -268,7 +285,7 @@ class PolicyService:
         now = time.time()
         if stored is not None and stored.author == BUILTIN and stored.version == 1:
             return Report(snapshots=["builtin"])
-        snapshots = [("live", self.core.kv.view()), ("sample", sample_kv_view(now))]
+        snapshots = [("live", layer.live(self.core)), ("sample", layer.sample(now))]
         return validate(layer, name, source, snapshots, now, number)
 
     async def _set_status(self, s: Any, name: str, number: int, status: str) -> None:

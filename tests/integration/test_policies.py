@@ -90,7 +90,8 @@ def test_builtins_registered_and_validation_errors_reported(pd: PolicyDaemon) ->
     listed = {p["name"]: p for p in pd.get("/v1/policies").json()["data"]}
     assert {"vllm-default", "sticky", "agentd", "thunderagent"} <= set(listed)
     assert listed["vllm-default"]["active_version"] == 1
-    assert [p for p in listed.values() if p["active"]] == [listed["vllm-default"]]
+    assert [p for p in listed.values() if p["active"] and p["layer"] == "kv"] == [
+        listed["vllm-default"]]
     shown = pd.get("/v1/policies/sticky").json()
     assert "class StickyPolicy" in shown["source"] and shown["versions"][0]["author"] == "builtin"
     r = pd.put("/v1/policies/bad", json={"layer": "kv", "source": "import os\n" + CANARY})
@@ -98,8 +99,15 @@ def test_builtins_registered_and_validation_errors_reported(pd: PolicyDaemon) ->
     assert r.json()["validation"]["errors"][0]["line"] == 1
     r = pd.post("/v1/policies/bad/activate")
     assert r.status_code == 422 and "line 1" in r.json()["error"]["message"]
-    assert pd.put("/v1/policies/x", json={"layer": "ordering", "source": CANARY}
-                  ).status_code == 400
+    r = pd.put("/v1/policies/x", json={"layer": "nope", "source": CANARY})
+    assert r.status_code == 400 and "unknown layer 'nope'" in r.json()["error"]["message"]
+    # A kv policy's source is no ordering policy: the interface check says so.
+    r = pd.put("/v1/policies/x", json={"layer": "ordering", "source": CANARY})
+    errors = r.json()["validation"]["errors"]
+    assert r.status_code == 201 and "exactly one subclass of OrderingPolicy" in errors[0]["message"]
+    active = {p["layer"]: p["name"] for p in pd.get("/v1/policies").json()["data"] if p["active"]}
+    assert active == {"kv": "vllm-default", "ordering": "fcfs", "meta": "meta-rules",
+                      "admission": "statera"}
 
 
 def test_swap_under_load_rollback_history_and_restart(pd: PolicyDaemon) -> None:
@@ -148,6 +156,6 @@ def test_swap_under_load_rollback_history_and_restart(pd: PolicyDaemon) -> None:
     pd.start()
     after = pd.get("/v1/policies/canary").json()
     assert after["active_version"] == 1 and after["status"] == "active"
-    assert [p["name"] for p in pd.get("/v1/policies").json()["data"] if p["active"]] == [
-        "canary"]
+    assert [p["name"] for p in pd.get("/v1/policies").json()["data"]
+            if p["active"] and p["layer"] == "kv"] == ["canary"]
     assert pd.post("/v1/policies/canary/rollback").json()["active"]["name"] == "vllm-default"

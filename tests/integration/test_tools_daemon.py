@@ -62,6 +62,21 @@ def test_exec_round_trip_and_release_removes_everything(tool_daemon: DaemonProce
     assert {"tool.exec.start", "tool.exec.end", "tool.release"} <= set(kinds)
 
 
+def test_killed_program_loses_its_tools(tool_daemon: DaemonProcess) -> None:
+    d = tool_daemon
+    chat(d, "p-kill")
+    r = d.post("/v1/programs/p-kill/tools/shell/exec", json={"command": "echo x > f"})
+    assert r.status_code == 200 and r.json()["reason"] == "ok"
+    assert d.get("/v1/tools", params={"program_id": "p-kill"}).json()["data"]
+    assert d.post("/v1/programs/p-kill/kill").json()["status"] == "FAILED"
+    deadline = time.time() + 10
+    while d.get("/v1/tools", params={"program_id": "p-kill"}).json()["data"]:
+        assert time.time() < deadline, "a killed program's tools were not reclaimed"
+        time.sleep(0.2)
+    r = d.post("/v1/programs/p-kill/tools/shell/exec", json={"command": "true"})
+    assert r.status_code == 409
+
+
 def test_tool_errors_are_structured(tool_daemon: DaemonProcess) -> None:
     d = tool_daemon
     chat(d, "p-err")

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import sqlite3
+import subprocess
+import sys
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
+import docker
+import openai
 import pytest
 
-from tests.docker_fixtures import busybox_image, docker_host  # noqa: F401
+from tests.daemon_process import DaemonProcess
+from tests.tool_cleanup import remove_daemon_tools
 from tools import gc
 from tools.base import Backend, Owner
 from tools.docker_backend import DockerBackend
@@ -60,3 +69,81 @@ async def test_reconcile_reclaims_only_this_daemons_orphans(
         for daemon_id in (me, other):
             await gc.reconcile(daemon_id, [backend], lambda: ())
     assert await backend.resources(me) == [] and await backend.resources(other) == []
+
+
+def _orphan(client: docker.DockerClient, image: str, daemon_id: str, program: str) -> str:
+    """A container as a crashed daemon run leaves it: labelled, running, owned by nobody live."""
+    owner = Owner(daemon_id, program, "box")
+    container = client.containers.run(image, ["sleep", "3600"], detach=True,
+                                      labels=owner.labels(), network_mode="none")
+    return str(container.id)
+
+
+def _exists(client: docker.DockerClient, container_id: str) -> bool:
+    try:
+        client.containers.get(container_id)
+    except docker.errors.NotFound:
+        return False
+    return True
+
+
+def _releases(d: DaemonProcess, session: str) -> int:
+    events = d.get(f"/v1/sessions/{session}/trace").json()["data"]
+    return sum(e["kind"] == "tool.release" and e["data"]["why"] == "gc" for e in events)
+
+
+def test_daemon_reclaims_orphans_after_sigkill_and_on_gc(
+    daemon_factory: Callable[..., DaemonProcess], tmp_path: Path, busybox_image: str,
+    docker_client: docker.DockerClient,
+) -> None:
+    cfg = tmp_path / "agentd.toml"
+    cfg.write_text(f'[tools.box]\nimage = "{busybox_image}"\nmounts = [{{target = "/data"}}]\n')
+    d = daemon_factory(workers=1, extra_args=["--config", str(cfg)]).start()
+    client = openai.OpenAI(base_url=f"{d.url}/v1", api_key=d.token, max_retries=0)
+    for program in ("p-live", "p-ended"):
+        client.chat.completions.create(model="sim-llama3-8b", max_tokens=2,
+                                       messages=[{"role": "user", "content": "go"}],
+                                       extra_body={"program_id": program})
+        r = d.post(f"/v1/programs/{program}/tools/box/exec", json={"command": "echo x > /data/f"})
+        assert r.status_code == 200, r.text
+    daemon_id = (d.data_dir / "daemon_id").read_text().strip()
+    mine = {"label": [f"agentd.daemon_id={daemon_id}"]}
+
+    def owners() -> list[str]:
+        containers = docker_client.containers.list(all=True, filters=mine)
+        volumes = docker_client.volumes.list(filters=mine)
+        return sorted([c.labels["agentd.program_id"] for c in containers]
+                      + [v.attrs["Labels"]["agentd.program_id"] for v in volumes])
+
+    assert owners() == ["p-ended", "p-ended", "p-live", "p-live"]
+    d.kill()  # SIGKILL: nothing is released
+    d._reap_group()
+    # p-ended was released while the daemon was down (its row says STOPPED); "p-lost" never
+    # reached the store: both are orphans for the next start.
+    with sqlite3.connect(d.data_dir / "agentd.db") as con:
+        con.execute("UPDATE programs SET status='STOPPED' WHERE id='p-ended'")
+    lost = _orphan(docker_client, busybox_image, daemon_id, "p-lost")
+    other = _orphan(docker_client, busybox_image, "some-other-daemon", "p-lost")
+    try:
+        d.start()
+        assert owners() == ["p-live", "p-live"]  # reclaimed at start, the live one kept
+        assert not _exists(docker_client, lost) and _exists(docker_client, other)
+        deadline = time.time() + 10
+        while (released := _releases(d, "p-ended")) != 2 and time.time() < deadline:
+            time.sleep(0.2)
+        assert released == 2  # its container and its volume, in its session's trace
+
+        # While running: an orphan appears; the dry run only lists it, gc removes it.
+        late = _orphan(docker_client, busybox_image, daemon_id, "p-late")
+        env = {**os.environ, "AGENTD_URL": d.url, "AGENTD_TOKEN": d.token}
+        ctl = [sys.executable, "-m", "console.agentctl", "tools", "gc"]
+        dry = subprocess.run([*ctl, "--dry-run"], env=env, capture_output=True, text=True,
+                             timeout=60)
+        assert dry.returncode == 0 and "would reclaim 1" in dry.stdout and "p-late" in dry.stdout
+        assert _exists(docker_client, late)
+        done = subprocess.run(ctl, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and "reclaimed 1" in done.stdout, done.stderr
+        assert not _exists(docker_client, late) and owners() == ["p-live", "p-live"]
+    finally:
+        docker_client.containers.get(other).remove(force=True)
+        remove_daemon_tools(d.data_dir)

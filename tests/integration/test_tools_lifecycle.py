@@ -128,6 +128,11 @@ async def test_release_removes_everything(kit: Kit, request: pytest.FixtureReque
     held = await kit.manager.list()
     assert {(r["program_id"], r["tool"]) for r in held} == {("p1", "a"), ("p1", "b"), ("p2", "a")}
     assert all(r["age_s"] >= 0 and r["disk_bytes"] is not None for r in held)
+    labels = {"label": [f"{LABEL_DAEMON}={kit.daemon_id}", "agentd.program_id=p1"]}
+    if kit.kind == "docker":  # the engine itself finds them by the labels
+        client: docker.DockerClient = request.getfixturevalue("docker_client")
+        tools = {c.labels["agentd.tool"] for c in client.containers.list(all=True, filters=labels)}
+        assert tools == {"a", "b"} and len(client.volumes.list(filters=labels)) == 1
 
     removed = await kit.manager.release_program("p1")
     expected = {"container": 2, "volume": 1} if kit.kind == "docker" else {"dir": 2}
@@ -135,13 +140,22 @@ async def test_release_removes_everything(kit: Kit, request: pytest.FixtureReque
     assert all(r["ok"] for r in removed) and len(kit.kinds("tool.release")) == len(removed)
     assert [r["program_id"] for r in await kit.manager.list()] == ["p2"]
     if kit.kind == "docker":  # ask the engine itself, not our own listing
-        client: docker.DockerClient = request.getfixturevalue("docker_client")
-        labels = {"label": [f"{LABEL_DAEMON}={kit.daemon_id}", "agentd.program_id=p1"]}
         assert client.containers.list(all=True, filters=labels) == []
         assert client.volumes.list(filters=labels) == []
     with pytest.raises(ToolError) as late:
         await kit.manager.exec("p1", "a", "true")
     assert late.value.reason is Reason.RELEASED
+
+
+async def test_disk_usage_per_program(kit: Kit) -> None:
+    write = "dd if=/dev/zero of=blob bs=1M count=3 2>/dev/null"
+    assert (await kit.manager.exec("p1", "sh", write, spec=kit.spec())).ok
+    assert (await kit.manager.exec("p2", "sh", "true", spec=kit.spec())).ok
+    mine = await kit.manager.list("p1")
+    assert {r["program_id"] for r in mine} == {"p1"}
+    assert sum(r["disk_bytes"] for r in mine) >= 3 << 20
+    assert sum(r["disk_bytes"] for r in await kit.manager.list("p2")) < 1 << 20
+    assert (await kit.manager.usage())["disk_bytes"] >= 3 << 20
 
 
 async def test_preparation_overlaps_reasoning(kit: Kit) -> None:
@@ -156,7 +170,9 @@ async def test_preparation_overlaps_reasoning(kit: Kit) -> None:
     assert cold >= 1.0 and prepare_s["cold"] >= 1.0
     # The wait is only what is left of the preparation: about prepare - 0.7 s.
     assert warm <= prepare_s["warm"] - 0.7 + 0.25, (warm, prepare_s)
-    assert warm < cold - 0.5
+    # Against its own preparation, not the cold one: two container starts on a loaded
+    # host differ by more than the 0.7 s being measured.
+    assert warm < prepare_s["warm"] - 0.5 and cold >= prepare_s["cold"] - 0.05
     print(f"\n[{kit.kind}] prepare {prepare_s}, exec wait cold {cold:.3f}s warm {warm:.3f}s")
 
 
@@ -228,4 +244,15 @@ async def test_metrics_count_what_happened(kit: Kit) -> None:
     metrics = await kit.manager.metrics()
     assert metrics["prepares_total"] == {"ok": 1} and metrics["execs_total"] == {"exit": 1}
     assert metrics["exec_seconds"]["count"] == 1 and metrics["disk_bytes"] >= 0
-    assert sum(metrics["resources_by_state"].values()) == 1
+    [held] = metrics["resources"]
+    assert (held["backend"], held["count"], metrics["programs_holding"]) == (kit.kind, 1, 1)
+    assert metrics["backends_down"] == []
+
+
+async def test_concurrent_disk_listings(kit: Kit) -> None:
+    # Older engines refuse a second `df` while one runs; listings must wait, not fail.
+    for program in ("p1", "p2", "p3", "p4"):
+        await kit.manager.exec(program, "sh", "echo x > f", spec=kit.spec())
+    listings = await asyncio.gather(*(kit.manager.list() for _ in range(6)))
+    for rows in listings:
+        assert sorted(r["program_id"] for r in rows) == ["p1", "p2", "p3", "p4"], rows

@@ -7,23 +7,31 @@ the API itself.
 
 from __future__ import annotations
 
-import json
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import quote
+from typing import Any
 
 import httpx
 import pytest
-from markupsafe import escape
 
 from tests.daemon_process import DaemonProcess
-from webui.timeline import layout
+from tests.ui.webui_support import (
+    csrf_of,
+    esc,
+    login,
+    program,
+    require_ui,
+    run_program,
+    sse_events,
+    text_of,
+    ui_client,
+)
 
-MODEL = "sim-llama3-8b"
 HOSTILE_PROGRAM = "<script>alert('p')</script>"
 HOSTILE_SESSION = "s\"><img src=x onerror=alert(1)>"
+ACTIONS = ("/ui/actions/program", "/ui/actions/session", "/ui/actions/policy",
+           "/ui/actions/tools/reclaim", "/ui/actions/run", "/ui/actions/run/cancel")
 
 
 @pytest.fixture(scope="module")
@@ -37,58 +45,11 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
         d.stop()
 
 
-def require_ui(d: DaemonProcess) -> None:
-    if httpx.get(f"{d.url}/ui/login", timeout=10).status_code == 404:
-        pytest.fail("the daemon serves no /ui: daemon/app.py must mount "
-                    "webui.create_ui_router(config.base_url) in create_app()")
-
-
-def run_program(d: DaemonProcess, program_id: str, session_id: str,
-                max_tokens: int = 8) -> None:
-    """One chat request tagged with a program and a session: the program stays ACTING."""
-    r = d.post("/v1/chat/completions", json={
-        "model": MODEL, "max_tokens": max_tokens,
-        "messages": [{"role": "user", "content": "hello"}]},
-        headers={"X-Program-Id": program_id, "X-Session-Id": session_id})
-    assert r.status_code == 200, r.text
-
-
-def _esc(text: str) -> str:
-    return str(escape(text))
-
-
-def csrf_of(page: str) -> str:
-    m = re.search(r'name="_csrf" value="([^"]+)"', page)
-    assert m, page[:2000]
-    return m.group(1)
-
-
-def ui_client(d: DaemonProcess) -> httpx.Client:
-    return httpx.Client(base_url=d.url, timeout=30, follow_redirects=False)
-
-
-def login(d: DaemonProcess, token: str | None = None) -> httpx.Client:
-    c = ui_client(d)
-    page = c.get("/ui/login")
-    assert page.status_code == 200
-    r = c.post("/ui/login", data={"_csrf": csrf_of(page.text), "token": token or d.token,
-                                  "next": "/ui/"})
-    assert r.status_code == 303, r.text
-    assert r.headers["location"] == "/ui/"
-    return c
-
-
 @pytest.fixture
 def ui(daemon: DaemonProcess) -> Iterator[httpx.Client]:
     c = login(daemon)
     yield c
     c.close()
-
-
-def program(d: DaemonProcess, program_id: str) -> dict[str, object]:
-    r = d.get(f"/v1/programs/{quote(program_id, safe='')}")
-    assert r.status_code == 200, r.text
-    return dict(r.json())
 
 
 # --- login -------------------------------------------------------------------------------
@@ -97,14 +58,18 @@ def program(d: DaemonProcess, program_id: str) -> dict[str, object]:
 def test_every_page_needs_a_login(daemon: DaemonProcess) -> None:
     with ui_client(daemon) as c:
         for path in ("/ui/", "/ui/programs?status=ACTING", "/ui/sessions",
-                     "/ui/session?id=s1"):
+                     "/ui/session?id=s1", "/ui/policies", "/ui/policy?name=agentd",
+                     "/ui/policy/diff?name=agentd&from=1&to=1", "/ui/tools",
+                     "/ui/workflows", "/ui/run?id=r1"):
             r = c.get(path)
             assert r.status_code == 303, path
             assert r.headers["location"].startswith("/ui/login?next=/ui"), r.headers
-        assert c.get("/ui/events").status_code == 401
+        for stream in ("/ui/events", "/ui/programs/live", "/ui/run/events?id=r1"):
+            assert c.get(stream).status_code == 401, stream
         # Actions refuse without a session too (the CSRF check comes first).
-        r = c.post("/ui/actions/program", data={"id": "p", "action": "kill"})
-        assert r.status_code == 403
+        for action in ACTIONS:
+            r = c.post(action, data={"id": "p", "action": "kill", "name": "agentd"})
+            assert r.status_code == 403, action
 
 
 def test_login_refuses_a_wrong_token_and_sets_a_strict_httponly_cookie(
@@ -152,10 +117,15 @@ def test_every_page_renders(daemon: DaemonProcess, ui: httpx.Client) -> None:
     assert "local-sim-0" in over.text and "local-sim-1" in over.text
     assert "<meter" in over.text and "render-p1" in over.text
     assert 'src="/ui/static/live.js"' in over.text
+    for chart in ("throughput", "requests", "goodput", "kv"):
+        assert f'data-chart="{chart}"' in over.text
+    active = re.search(r'<ul id="active-policies".*?</ul>', over.text, re.S)
+    assert active and 'data-policy="agentd"' in active.group(0)  # the config's kv policy
 
     progs = ui.get("/ui/programs", params={"status": "ACTING", "sort": "id", "dir": "asc"})
     assert progs.status_code == 200 and "render-p1" in progs.text
     assert 'aria-sort="ascending"' in progs.text
+    assert 'data-live="/ui/programs/live?status=ACTING' in progs.text
     assert ui.get("/ui/programs", params={"status": "STOPPED"}).text.count("render-p1") == 0
     assert ui.get("/ui/programs", params={"page": 2}).status_code == 200
 
@@ -164,28 +134,65 @@ def test_every_page_renders(daemon: DaemonProcess, ui: httpx.Client) -> None:
 
     one = ui.get("/ui/session", params={"id": "render-s1"})
     assert one.status_code == 200
-    assert "<svg" in one.text and 'class="span s-generate"' in one.text
+    assert "<svg" in one.text and 'class="span s-prefill"' in one.text
+    assert 'class="span s-decode"' in one.text and "TTFT" in one.text
     assert 'class="span s-queue"' in one.text and "<title>" in one.text
+    assert 'class="marker m-decision"' in one.text  # the kv policy admitted the request
     assert 'name="worker_id"' in one.text and 'for="session-worker"' in one.text
+    assert "No futures recorded" in one.text and "holds no managed state" in one.text
+    zoomed = ui.get("/ui/session", params={"id": "render-s1", "zoom": 4})
+    widths = [int(re.search(r'<svg id="timeline"[^>]* width="(\d+)"', page.text).group(1))
+              for page in (one, zoomed)]
+    assert widths[1] > 3 * widths[0] // 2 and 'aria-current="true">4\u00d7' in zoomed.text
 
+    for path in ("/ui/policies", "/ui/tools", "/ui/workflows", "/ui/policy?name=agentd"):
+        r = ui.get(path)
+        assert r.status_code == 200, (path, r.text[:500])
     assert ui.get("/ui/session", params={"id": "no-such"}).status_code == 404
-    for asset in ("/ui/static/ui.css", "/ui/static/live.js"):
+    assert ui.get("/ui/policy", params={"name": "no-such"}).status_code == 404
+    assert ui.get("/ui/run", params={"id": "no-such"}).status_code == 404
+    for asset in ("/ui/static/ui.css", "/ui/static/live.js", "/ui/static/editor.js",
+                  "/ui/static/run.js"):
         assert ui.get(asset).status_code == 200, asset
+
+
+def test_every_form_field_has_a_label(daemon: DaemonProcess, ui: httpx.Client) -> None:
+    run_program(daemon, "label-p", "label-s")
+    for path in ("/ui/programs", "/ui/sessions", "/ui/session?id=label-s", "/ui/policies",
+                 "/ui/policy?name=agentd", "/ui/tools", "/ui/workflows"):
+        page = ui.get(path).text
+        labelled = set(re.findall(r'<label for="([^"]+)"', page))
+        fields = re.findall(r'<(?:input|select|textarea)\b(?![^>]*type="(?:hidden|checkbox)")'
+                            r'[^>]*\bid="([^"]+)"', page)
+        assert fields or path == "/ui/tools", path
+        assert set(fields) <= labelled, (path, set(fields) - labelled)
+        assert '<a class="skip" href="#main">' in page and 'aria-label="Main"' in page
 
 
 def test_programs_paginate_and_sort(daemon: DaemonProcess, ui: httpx.Client) -> None:
     for i in range(27):
         run_program(daemon, f"page-p{i:02d}", "page-s", max_tokens=1)
     first = ui.get("/ui/programs", params={"session": "page-s"}).text
-    assert "Page 1 of 2 (27 in all)" in first
+    assert "Page 1 of 2 (27 in all)" in text_of(first)
     second = ui.get("/ui/programs", params={"session": "page-s", "page": 2}).text
-    assert "Page 2 of 2" in second
+    assert "Page 2 of 2" in text_of(second)
     shown = set(re.findall(r"page-p\d\d", first)) | set(re.findall(r"page-p\d\d", second))
     assert len(shown) == 27
     ascending = ui.get("/ui/programs", params={"session": "page-s", "sort": "id",
                                                "dir": "asc"}).text
     ids = re.findall(r"<td>(page-p\d\d)</td>", ascending)
     assert ids == sorted(ids) and ids[0] == "page-p00" and len(ids) == 25
+
+
+def test_sessions_filter_by_tenant_and_id(daemon: DaemonProcess, ui: httpx.Client) -> None:
+    for sid in ("filt-alpha", "filt-beta", "other-gamma"):
+        run_program(daemon, f"{sid}-p", sid, max_tokens=1)
+    found = ui.get("/ui/sessions", params={"q": "FILT-"}).text
+    assert "filt-alpha" in found and "filt-beta" in found and "other-gamma" not in found
+    assert "(2 in all)" in text_of(found)
+    assert "No sessions match" in ui.get("/ui/sessions", params={"tenant": "nobody"}).text
+    assert "filt-alpha" in ui.get("/ui/sessions", params={"tenant": "default",
+                                                         "q": "alpha"}).text
 
 
 def test_hostile_ids_are_escaped(daemon: DaemonProcess, ui: httpx.Client) -> None:
@@ -195,10 +202,10 @@ def test_hostile_ids_are_escaped(daemon: DaemonProcess, ui: httpx.Client) -> Non
     for page in pages:
         assert "<script>alert" not in page
         assert "<img src=x" not in page
-    assert _esc(HOSTILE_PROGRAM) in pages[1]
-    assert _esc(HOSTILE_SESSION) in pages[2]
+    assert esc(HOSTILE_PROGRAM) in pages[1]
+    assert esc(HOSTILE_SESSION) in pages[2]
     session_page = pages[3]
-    assert _esc(HOSTILE_PROGRAM) in session_page  # in the table and the SVG titles
+    assert esc(HOSTILE_PROGRAM) in session_page  # in the table and the SVG titles
     assert "&lt;script&gt;" in session_page.split("<svg", 1)[1].split("</svg>", 1)[0]
 
 
@@ -283,66 +290,41 @@ def test_a_read_only_token_sees_pages_but_cannot_act(daemon: DaemonProcess) -> N
 
 
 def test_events_stream_json_snapshots(daemon: DaemonProcess, ui: httpx.Client) -> None:
-    snaps: list[dict[str, object]] = []
-    started = time.monotonic()
-    with ui.stream("GET", "/ui/events") as r:
-        assert r.status_code == 200
-        assert r.headers["content-type"].startswith("text/event-stream")
-        event = ""
-        for line in r.iter_lines():
-            if line.startswith("event:"):
-                event = line.split(":", 1)[1].strip()
-            elif line.startswith("data:") and event == "snapshot":
-                snaps.append(json.loads(line.split(":", 1)[1]))
-                if len(snaps) == 1:
-                    run_program(daemon, "sse-p", "sse-s")  # shows up in a later snapshot
-                if any(p["id"] == "sse-p" for p in snaps[-1]["programs"]):  # type: ignore[attr-defined]
-                    break
-            assert time.monotonic() - started < 15
-    first = snaps[0]
-    engines = {w["engine"] for w in first["workers"]}  # type: ignore[attr-defined]
-    assert engines == {"sim (simulated)"}
-    assert first["alerts"] == []
-    assert len(snaps) >= 2
+    sent: list[bool] = []
+
+    def until(event: str, snap: dict[str, Any]) -> bool:
+        if event == "snapshot" and not sent:
+            sent.append(True)
+            run_program(daemon, "sse-p", "sse-s")  # shows up in a later snapshot
+        return any(p["id"] == "sse-p" for p in snap.get("programs", []))
+
+    snaps = [snap for event, snap in sse_events(ui, "/ui/events", until, timeout=15)
+             if event == "snapshot"]
+    first, last = snaps[0], snaps[-1]
+    assert {w["engine"] for w in first["workers"]} == {"sim (simulated)"}
+    assert first["alerts"] == [] and len(snaps) >= 2
+    assert {"name": "agentd", "layer": "kv", "version": 1} in last["policies"]
+    charts = {c["key"]: c for c in last["charts"]}
+    assert set(charts) == {"throughput", "requests", "goodput", "kv"}
+    assert charts["kv"]["n"] >= 2 and charts["throughput"]["n"] >= 1  # a rate needs 2 samples
+    assert all(re.fullmatch(r"[\d., -]*", c["points"]) for c in charts.values())
 
 
-# --- the timeline layout (pure) ----------------------------------------------------------
+def test_programs_live_feed_follows_status(daemon: DaemonProcess, ui: httpx.Client) -> None:
+    run_program(daemon, "feed-p", "feed-s")
+    released: list[bool] = []
 
+    def until(event: str, data: dict[str, Any]) -> bool:
+        assert event == "programs", data
+        [row] = data["rows"]
+        if not released:
+            assert row["id"] == "feed-p" and row["status"] == "ACTING"
+            released.append(daemon.post("/v1/programs/feed-p/release").status_code == 200)
+        return bool(row["status"] == "STOPPED")
 
-def _ev(i: int, ts: float, kind: str, **kw: object) -> dict[str, object]:
-    return {"id": i, "ts": ts, "kind": kind, "program_id": kw.pop("program_id", "p"),
-            "request_id": kw.pop("request_id", None), "worker_id": kw.pop("worker_id", None),
-            "data": kw}
-
-
-def test_timeline_layout_spans_and_markers() -> None:
-    events = [
-        _ev(1, 100.0, "program.created"),
-        _ev(2, 100.0, "request.queued", request_id="r1"),
-        _ev(3, 100.5, "request.dispatched", request_id="r1", worker_id="w0"),
-        _ev(4, 101.0, "request.finished", request_id="r1", prompt_tokens=5, cached_tokens=0,
-            output_tokens=9, reason="length"),
-        _ev(5, 101.0, "program.status", old="ACTING", new="PAUSED", reason="thrashing"),
-        _ev(6, 102.0, "program.status", old="PAUSED", new="QUEUED", reason="restored"),
-        _ev(7, 102.0, "program.migrated", source="w0", target="w1", by="op"),
-        _ev(8, 104.0, "program.status", old="ACTING", new="STOPPED", reason="released"),
-        _ev(9, 100.2, "request.queued", program_id="q", request_id="r2"),
-    ]
-    t = layout(events)
-    assert [lane.program_id for lane in t.lanes] == ["p", "q"]
-    p = t.lanes[0]
-    kinds = {s.kind: s for s in p.spans}
-    assert set(kinds) == {"queue", "generate", "pause"}
-    assert kinds["queue"].w == pytest.approx(kinds["pause"].w / 2, rel=0.01)
-    assert kinds["generate"].x == pytest.approx(kinds["queue"].x + kinds["queue"].w)
-    assert "output 9" in kinds["generate"].title and "on w0" in kinds["generate"].title
-    assert "thrashing" in kinds["pause"].title
-    assert [m.kind for m in p.markers] == ["migrate", "end"]
-    assert "w0 -> w1" in p.markers[0].title
-    # r2 never got dispatched: its queue span runs to the end of the trace.
-    q = t.lanes[1].spans[0]
-    assert q.kind == "queue" and q.x + q.w == pytest.approx(t.width - 10)
-    assert layout([]).lanes == []
+    got = sse_events(ui, "/ui/programs/live?session=feed-s&all=1", until, timeout=15)
+    assert released == [True] and len(got) >= 2
+    assert got[-1][1]["total"] == 1
 
 
 def test_static_files_hold_no_remote_references() -> None:

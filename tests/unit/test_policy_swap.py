@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from daemon.policies.layers import sample_kv_view
-from daemon.policies.swap import Active, Failure, GuardedKvPolicy
+from daemon.policies.swap import HISTORY, Active, Failure, Guard, GuardedKvPolicy
 from scheduling.kv import Decision, KvPolicy, KvView, StickyPolicy, VllmDefaultPolicy
 
 
@@ -20,7 +20,9 @@ class Slow(StickyPolicy):
     name = "slow"
 
     def route(self, view: KvView, program_id: str, now: float) -> str | None:
-        time.sleep(0.06)
+        spin_until = time.thread_time() + 0.06  # CPU time: what the guard's budget counts
+        while time.thread_time() < spin_until:
+            pass
         return super().route(view, program_id, now)
 
 
@@ -82,3 +84,34 @@ def test_operator_restore_previous() -> None:
     restored = guard.restore_previous()
     assert restored is not None and guard.name == "vllm-default"
     assert guard.restore_previous() is None
+
+
+def test_on_change_runs_for_swaps_rollbacks_and_failures() -> None:
+    changes: list[str] = []
+    failures: list[Failure] = []
+    guard = Guard(Active("a", 1, VllmDefaultPolicy()), failures.append, layer="ordering",
+                  on_change=lambda active: changes.append(active.name))
+    guard.swap(Active("b", 2, Raising()))
+    view = sample_kv_view(0.0)
+    assert guard.call(lambda p: p.decide(view, 0.0)) == VllmDefaultPolicy().decide(view, 0.0)
+    assert changes == ["b", "a"] and guard.name == "a"
+    assert failures[0].layer == "ordering" and failures[0].failed.name == "b"
+    guard.swap(Active("c", 3, StickyPolicy()))
+    assert guard.restore_previous() is not None and changes == ["b", "a", "c", "a"]
+
+
+def test_reject_rolls_back_or_rebuilds_in_place() -> None:
+    changes: list[str] = []
+    guard = Guard(Active("a", 1, StickyPolicy()), on_change=lambda a: changes.append(a.name))
+    guard.reject("lost work")  # nothing to fall back to: the same version, rebuilt
+    assert guard.name == "a" and changes == ["a"]
+    guard.swap(Active("b", 2, StickyPolicy()))
+    guard.reject("invented work")
+    assert guard.name == "a" and changes == ["a", "b", "a"]
+
+
+def test_history_is_bounded() -> None:
+    guard = Guard(Active("p0", 1, StickyPolicy()))
+    for n in range(1, 40):
+        guard.swap(Active(f"p{n}", 1, StickyPolicy()))
+    assert len(guard.previous) == HISTORY and guard.previous[-1].name == "p38"

@@ -69,3 +69,17 @@ def test_histogram_is_cumulative() -> None:
     snap = hist.snapshot()
     assert snap["buckets"]["0.05"] == 1 and snap["buckets"]["0.5"] == 3
     assert snap["buckets"]["inf"] == 4 and snap["count"] == 4
+
+
+def test_requests_cannot_widen_the_sandbox() -> None:
+    with pytest.raises(SpecError, match="network"):
+        parse_spec({"name": "py", "image": "x", "network": "host"})
+    configured = parse_spec({"name": "py", "image": "x", "network": "host"}, trusted=True)
+    assert merge_spec(configured, {"memory_mb": 64}).network == "host"  # operator's choice
+    base = parse_spec({"name": "py", "image": "x"})
+    with pytest.raises(SpecError, match="network"):
+        merge_spec(base, {"network": "host"})
+    with pytest.raises(SpecError, match="name"):
+        merge_spec(base, {"name": "other"})
+    with pytest.raises(SpecError, match="mounts"):
+        merge_spec(base, {"mounts": 5})

@@ -1,7 +1,9 @@
-// Live overview: one EventSource on /ui/events; every snapshot rebuilds the workers table,
-// the alerts and the newest programs. Text goes in with textContent only (never HTML).
+// Live updates over server-sent events. The overview follows /ui/events; a table with
+// data-live follows its own feed (the programs table is rebuilt, a session's programs are
+// updated in place). Text goes in with textContent only, never as HTML.
 (function () {
   "use strict";
+  if (!window.EventSource) { return; }
   var live = document.getElementById("live");
   function el(tag, text, cls) {
     var e = document.createElement(tag);
@@ -9,10 +11,31 @@
     if (cls) { e.className = cls; }
     return e;
   }
-  function fill(tbody, rows) {
-    while (tbody.firstChild) { tbody.removeChild(tbody.firstChild); }
-    rows.forEach(function (r) { tbody.appendChild(r); });
+  function fill(parent, children) {
+    while (parent.firstChild) { parent.removeChild(parent.firstChild); }
+    children.forEach(function (c) { parent.appendChild(c); });
   }
+  function badge(status) { return el("span", status, "badge st-" + String(status).toLowerCase()); }
+  function sessionLink(id) {
+    var a = el("a", id); a.href = "/ui/session?id=" + encodeURIComponent(id); return a;
+  }
+  function ago(ts) {
+    var d = Math.max(Date.now() / 1000 - ts, 0);
+    return d < 60 ? Math.round(d) + "s ago" : d < 3600 ? Math.round(d / 60) + "m ago" : (d / 3600).toFixed(1) + "h ago";
+  }
+  function stamp(ts) { if (live) { live.textContent = "Live, updated " + new Date(ts * 1000).toLocaleTimeString(); } }
+  function follow(url, event, apply) {
+    var source = new EventSource(url);
+    source.addEventListener(event, function (ev) { apply(JSON.parse(ev.data)); });
+    source.addEventListener("failure", function (ev) {
+      var f = JSON.parse(ev.data);
+      if (live) { live.textContent = "Live updates failed: " + f.message; }
+      if (f.status === 401) { source.close(); window.location.assign("/ui/login"); }
+    });
+    source.onerror = function () { if (live) { live.textContent = "Live updates reconnecting…"; } };
+  }
+
+  // --- the overview -------------------------------------------------------------------
   function workerRow(w) {
     var tr = el("tr"); tr.dataset.worker = w.id;
     tr.appendChild(el("td", w.id));
@@ -26,39 +49,89 @@
     kv.appendChild(m);
     kv.appendChild(el("span", " " + w.kv_pct + "% (" + w.kv_used + "/" + w.kv_capacity + ")", "num"));
     tr.appendChild(kv);
-    tr.appendChild(el("td", w.running, "num"));
-    tr.appendChild(el("td", w.waiting, "num"));
-    tr.appendChild(el("td", w.inflight, "num"));
+    [w.running, w.waiting, w.inflight].forEach(function (n) { tr.appendChild(el("td", n, "num")); });
     return tr;
   }
-  function programRow(p) {
+  function newestRow(p) {
     var tr = el("tr"); tr.dataset.program = p.id;
     tr.appendChild(el("td", p.id));
-    var s = el("td"); var a = el("a", p.session_id);
-    a.href = "/ui/session?id=" + encodeURIComponent(p.session_id);
-    s.appendChild(a); tr.appendChild(s);
-    var st = el("td"); st.appendChild(el("span", p.status, "badge st-" + String(p.status).toLowerCase()));
-    tr.appendChild(st);
+    var s = el("td"); s.appendChild(sessionLink(p.session_id)); tr.appendChild(s);
+    var st = el("td"); st.appendChild(badge(p.status)); tr.appendChild(st);
     tr.appendChild(el("td", p.worker_id || ""));
     tr.appendChild(el("td", p.steps, "num"));
     tr.appendChild(el("td", p.context_tokens, "num"));
     return tr;
   }
-  function apply(snap) {
+  function policyItem(p) {
+    var li = el("li"); li.dataset.policy = p.name;
+    li.appendChild(el("span", p.layer, "badge")); li.appendChild(document.createTextNode(" "));
+    var a = el("a", p.name); a.href = "/ui/policy?name=" + encodeURIComponent(p.name);
+    li.appendChild(a); li.appendChild(document.createTextNode(" v" + p.version));
+    return li;
+  }
+  function chart(c) {
+    var fig = document.querySelector('figure[data-chart="' + c.key + '"]');
+    if (!fig) { return; }
+    fig.querySelector("polyline").setAttribute("points", c.points);
+    fig.querySelector(".chart-last").textContent = c.last;
+    fig.querySelector(".chart-top").textContent = "max " + c.top;
+    fig.querySelector(".chart-since").textContent = c.since;
+  }
+  function overview(snap) {
     fill(document.querySelector("#workers tbody"), snap.workers.map(workerRow));
-    fill(document.querySelector("#live-programs tbody"), snap.programs.map(programRow));
+    fill(document.querySelector("#live-programs tbody"), snap.programs.map(newestRow));
     fill(document.getElementById("alerts"), snap.alerts.map(function (a) { return el("p", a, "alert"); }));
+    if (snap.policies.length) { fill(document.getElementById("active-policies"), snap.policies.map(policyItem)); }
+    snap.charts.forEach(chart);
     document.getElementById("queued").textContent = String(snap.queued);
     document.getElementById("programs-total").textContent = String(snap.programs_total);
-    live.textContent = "Live, updated " + new Date(snap.ts * 1000).toLocaleTimeString();
+    stamp(snap.ts);
   }
-  if (!window.EventSource) { return; }
-  var source = new EventSource("/ui/events");
-  source.addEventListener("snapshot", function (ev) { apply(JSON.parse(ev.data)); });
-  source.addEventListener("failure", function (ev) {
-    var f = JSON.parse(ev.data);
-    live.textContent = "Live updates failed: " + f.message;
-    if (f.status === 401) { source.close(); window.location.assign("/ui/login"); }
-  });
-  source.onerror = function () { live.textContent = "Live updates reconnecting…"; };
+
+  // --- program tables -----------------------------------------------------------------
+  function setFields(tr, p) {
+    tr.querySelectorAll("[data-field]").forEach(function (td) {
+      var f = td.dataset.field;
+      if (f === "status") { fill(td, [badge(p.status)]); if (p.held) { td.appendChild(document.createTextNode(" (held)")); } }
+      else if (f === "worker_id") { td.textContent = (p.worker_id || "") + (p.pinned ? " (pinned)" : ""); }
+      else if (f in p) { td.textContent = String(p[f]); }
+    });
+  }
+  function programRow(p) {
+    var tr = el("tr"); tr.dataset.program = p.id;
+    tr.appendChild(el("td", p.id));
+    var s = el("td"); s.appendChild(sessionLink(p.session_id)); tr.appendChild(s);
+    ["status", "worker_id", "steps", "context_tokens"].forEach(function (f) {
+      var td = el("td", null, f === "steps" || f === "context_tokens" ? "num" : ""); td.dataset.field = f; tr.appendChild(td);
+    });
+    tr.appendChild(el("td", p.created_at ? ago(p.created_at) : ""));
+    setFields(tr, p);
+    return tr;
+  }
+  function rowsById(tbody) {
+    var out = {};
+    tbody.querySelectorAll("tr[data-program]").forEach(function (tr) { out[tr.dataset.program] = tr; });
+    return out;
+  }
+  function table(t) {
+    var tbody = t.querySelector("tbody");
+    var update = t.dataset.liveMode === "update";
+    follow(t.dataset.live, "programs", function (data) {
+      var known = rowsById(tbody), unknown = 0;
+      if (update) {
+        data.rows.forEach(function (p) { if (known[p.id]) { setFields(known[p.id], p); } else { unknown += 1; } });
+      } else if (data.rows.length) {
+        fill(tbody, data.rows.map(programRow));
+      } else {
+        var none = el("tr"), td = el("td", "No programs match.");
+        td.colSpan = 7; none.appendChild(td); fill(tbody, [none]);
+      }
+      document.querySelectorAll(".pager [data-field]").forEach(function (s) { s.textContent = String(data[s.dataset.field]); });
+      stamp(Date.now() / 1000);
+      if (unknown && live) { live.textContent += " · " + unknown + " new program(s): reload to act on them"; }
+    });
+  }
+
+  if (document.getElementById("workers")) { follow("/ui/events", "snapshot", overview); }
+  document.querySelectorAll("table[data-live]").forEach(table);
 }());

@@ -1,4 +1,4 @@
-"""`?`: every key of the app and of the view underneath."""
+"""`?`: every key of the app, of the view underneath first, then of the other views."""
 
 from __future__ import annotations
 
@@ -8,14 +8,21 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+SYMBOLS = {"question_mark": "?", "colon": ":", "slash": "/", "escape": "esc",
+           "backspace": "⌫", "enter": "⏎"}
+
+
+def key_label(keys: str) -> str:
+    return " ".join(SYMBOLS.get(k, k) for k in keys.split(","))
+
 
 def key_lines(title: str, bindings: list[BindingType]) -> list[str]:
     lines = [f"[b]{title}[/b]"]
     for b in bindings:
         if isinstance(b, Binding):
-            lines.append(f"  {b.key:<18} {b.description or b.action}")
+            lines.append(f"  {key_label(b.key):<18} {b.description or b.action}")
         elif isinstance(b, tuple):
-            lines.append(f"  {b[0]:<18} {b[2] if len(b) > 2 else b[1]}")
+            lines.append(f"  {key_label(b[0]):<18} {b[2] if len(b) > 2 else b[1]}")
     return lines
 
 

@@ -1,4 +1,4 @@
-"""`:` prompt: jump to a view by name (`overview`, `programs`, `trace SESSION`)."""
+"""`:` prompt: jump to a view by name (`overview`, `programs`, ..., `trace SESSION`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label
 
-VIEWS = ("overview", "programs", "trace SESSION")
+VIEWS = ("overview", "programs", "sessions", "policies", "tools", "trace SESSION")
 
 
 class JumpModal(ModalScreen[str | None]):

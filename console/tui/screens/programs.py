@@ -12,7 +12,7 @@ from textual.widgets import DataTable, Input, Static
 from console.render import PROGRAM_STATUSES
 from console.tui.data import Snapshot
 from console.tui.screens.base import DaemonView
-from console.tui.widgets.programs_table import ProgramsTable
+from console.tui.widgets.programs_table import SORTS, ProgramsTable, sort_programs
 
 STATUS_CYCLE: tuple[str | None, ...] = (None, *PROGRAM_STATUSES)
 
@@ -46,12 +46,16 @@ class ProgramsScreen(DaemonView):
         Binding("x", "act('kill')", "kill"),
         Binding("m", "migrate", "migrate"),
         Binding("t", "trace", "trace"),
+        Binding("s", "cycle_sort", "sort"),
+        Binding("S", "reverse_sort", "reverse", show=False),
     ]
 
     def __init__(self) -> None:
         super().__init__()
         self.pattern: re.Pattern[str] | None = None
         self.status: str | None = None
+        self.sort = 0
+        self.reverse = False
 
     def compose_body(self) -> ComposeResult:
         yield Static("", id="programs-title", classes="title")
@@ -66,14 +70,17 @@ class ProgramsScreen(DaemonView):
     def show_snapshot(self, snapshot: Snapshot) -> None:
         if not self.query(ProgramsTable):
             return  # not composed yet; on_screen_resume draws it
-        shown = [p for p in snapshot.programs if matches(p, self.pattern, self.status)]
-        self.table.sync(shown)
+        shown = sort_programs([p for p in snapshot.programs
+                               if matches(p, self.pattern, self.status)],
+                              self.sort, self.reverse)
+        self.table.show(shown, self.agentd.now(), snapshot.tools_by_program())
         filters = [f"status={self.status}"] if self.status else []
         if self.pattern is not None:
             filters.append(f"/{self.pattern.pattern}/")
         how = f"  filter: {' '.join(filters)}" if filters else ""
+        order = SORTS[self.sort][0] + (" (reversed)" if self.reverse else "")
         self.query_one("#programs-title", Static).update(
-            f"programs: {len(shown)} shown of {snapshot.programs_total}{how}")
+            f"programs: {len(shown)} shown of {snapshot.programs_total}   sort: {order}{how}")
 
     def _redraw(self) -> None:
         if self.agentd.snapshot is not None:
@@ -107,6 +114,14 @@ class ProgramsScreen(DaemonView):
     def action_cycle_status(self) -> None:
         index = STATUS_CYCLE.index(self.status)
         self.status = STATUS_CYCLE[(index + 1) % len(STATUS_CYCLE)]
+        self._redraw()
+
+    def action_cycle_sort(self) -> None:
+        self.sort = (self.sort + 1) % len(SORTS)
+        self._redraw()
+
+    def action_reverse_sort(self) -> None:
+        self.reverse = not self.reverse
         self._redraw()
 
     def _selected(self) -> dict[str, Any] | None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import Static
 
@@ -19,7 +20,7 @@ from console.client import ClientError
 from console.tui.data import Snapshot, fetch_trace
 from console.tui.messages import TraceLoaded
 from console.tui.screens.base import DaemonView
-from console.tui.timeline import GLYPHS, STYLES, build_spans
+from console.tui.timeline import GLYPHS, LEGEND, STYLES, build_spans, describe
 from console.tui.widgets.trace_timeline import TraceTimeline
 
 
@@ -31,8 +32,8 @@ def export_path(session_id: str, directory: Path, now: float) -> Path:
 
 def legend() -> Text:
     out = Text()
-    for kind in ("queue", "generate", "paused", "migrate"):
-        out.append(f"{GLYPHS[kind]} {kind}   ", style=STYLES[kind])
+    for kind in LEGEND:
+        out.append(f"{GLYPHS[kind]} {kind}  ", style=STYLES[kind])
     return out
 
 
@@ -50,6 +51,13 @@ class TraceScreen(DaemonView):
         Binding("escape,backspace", "back", "back"),
     ]
 
+    def nav_extra(self) -> str:
+        return f"trace of session {self.session_id}"
+
+    @classmethod
+    def key_sections(cls) -> list[tuple[str, list[BindingType]]]:
+        return [*super().key_sections(), ("timeline", list(TraceTimeline.BINDINGS))]
+
     def __init__(self, session_id: str) -> None:
         super().__init__()
         self.session_id = session_id
@@ -59,8 +67,8 @@ class TraceScreen(DaemonView):
     def compose_body(self) -> ComposeResult:
         yield Static(f"session {self.session_id}: loading…", id="trace-title", classes="title")
         yield Static(legend(), id="legend")
-        yield TraceTimeline(id="timeline")
-        yield Static("select a span with ↑/↓ and press enter for its details",
+        yield TraceTimeline(id="timeline", clock=self.agentd.now)
+        yield Static("select a row with ↑/↓ and press enter for its details",
                      id="span-details")
 
     def on_mount(self) -> None:
@@ -73,7 +81,9 @@ class TraceScreen(DaemonView):
     @work(exclusive=True, group="trace")
     async def load_trace(self) -> None:
         try:
-            events = await fetch_trace(self.agentd.client, self.session_id)
+            # only what is new since the last read: a long session is not fetched every poll
+            after = int(self.events[-1]["id"]) if self.events else 0
+            events = self.events + await fetch_trace(self.agentd.client, self.session_id, after)
         except ClientError as exc:
             for title in self.query("#trace-title").results(Static):
                 title.update(f"session {self.session_id}: {exc.message}")
@@ -83,22 +93,23 @@ class TraceScreen(DaemonView):
     def on_trace_loaded(self, message: TraceLoaded) -> None:
         self.events = message.events
         spans = build_spans(message.events)
-        requests = sum(1 for s in spans if s.kind == "generate")
-        migrations = sum(1 for s in spans if s.kind == "migrate")
+        count = Counter(s.kind for s in spans)
         self.query_one("#trace-title", Static).update(
-            f"session {self.session_id}: {len(message.events)} events, {requests} requests, "
-            f"{migrations} migrations")
+            f"session {self.session_id}: {len(message.events)} events, {count['program']} "
+            f"programs, {count['request']} LLM requests, {count['tool'] + count['call']} tool "
+            f"and agent calls, {count['migrate']} migrations, {count['decision']} decisions")
         self.query_one(TraceTimeline).show_spans(spans)
 
     def on_trace_timeline_span_selected(self, message: TraceTimeline.SpanSelected) -> None:
-        self.query_one("#span-details", Static).update(message.span.describe(time.time()))
+        self.query_one("#span-details", Static).update(
+            describe(message.span, self.agentd.now(), self.agentd.ttft_slo_s))
 
     def action_export(self) -> None:
         self.write_export(list(self.events))
 
     @work(thread=True, group="export")
     def write_export(self, events: list[dict[str, Any]]) -> None:
-        path = export_path(self.session_id, Path.cwd(), time.time())
+        path = export_path(self.session_id, Path.cwd(), self.agentd.now())
         try:
             path.write_text(json.dumps({"session_id": self.session_id, "data": events},
                                        indent=2, ensure_ascii=False))
@@ -119,4 +130,4 @@ class TraceScreen(DaemonView):
         self.agentd.migrate_session(self.session_id)
 
     def action_back(self) -> None:
-        self.agentd.action_show_programs()
+        self.agentd.go_back()

@@ -2,49 +2,46 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from textual.widgets import DataTable
-
 from console.render import seconds
+from console.tui.widgets.keyed_table import KeyedTable
 
-COLUMNS = (("id", "PROGRAM"), ("status", "STATUS"), ("session", "SESSION"),
-           ("worker", "WORKER"), ("tokens", "TOKENS"), ("steps", "STEPS"),
-           ("in_state", "IN STATE"))
+# sort orders the `s` key cycles through: (name, key of a program dict, descending first)
+SORTS: tuple[tuple[str, str, bool], ...] = (
+    ("newest", "created_at", True), ("status", "status", False),
+    ("tokens", "context_tokens", True), ("steps", "steps", True),
+    ("time in state", "status_since", False), ("worker", "worker_id", False),
+    ("session", "session_id", False),
+)
 
 
-def cells(p: dict[str, Any], now: float) -> dict[str, str]:
+def cells(p: dict[str, Any], now: float, tools: list[str]) -> dict[str, str]:
     held = " (held)" if p.get("held") and p["status"] != "PAUSED" else ""
-    return {"id": p["id"], "status": p["status"] + held, "session": p["session_id"],
+    return {"id": p["id"], "status": p["status"] + held,
+            "reason": p.get("status_reason") or "-", "session": p["session_id"],
             "worker": p.get("worker_id") or "-", "tokens": str(p["context_tokens"]),
             "steps": str(p["steps"]),
-            "in_state": seconds(max(0.0, now - float(p.get("status_since") or now)))}
+            "in_state": seconds(max(0.0, now - float(p.get("status_since") or now))),
+            "tools": ",".join(tools) or "-"}
 
 
-class ProgramsTable(DataTable[str]):
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id, cursor_type="row")
-        for key, label in COLUMNS:
-            self.add_column(label, key=key)
+def sort_programs(programs: list[dict[str, Any]], sort: int,
+                  reverse: bool) -> list[dict[str, Any]]:
+    _, key, descending = SORTS[sort]
 
-    def sync(self, programs: list[dict[str, Any]], now: float | None = None) -> None:
-        """Make the rows equal `programs`, touching only cells that changed."""
-        now = time.time() if now is None else now
-        wanted = {p["id"]: cells(p, now) for p in programs}
-        for key in [k for k in self.rows if k.value not in wanted]:
-            self.remove_row(key)
-        for pid, row in wanted.items():
-            if pid not in self.rows:
-                self.add_row(*row.values(), key=pid)
-                continue
-            for column, value in row.items():
-                if self.get_cell(pid, column) != value:
-                    self.update_cell(pid, column, value)
+    def value(p: dict[str, Any]) -> tuple[bool, Any]:
+        v = p.get(key)
+        return (v is None, v if v is not None else 0)
 
-    @property
-    def selected_id(self) -> str | None:
-        if not self.row_count:
-            return None
-        key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key
-        return key.value
+    return sorted(programs, key=value, reverse=descending != reverse)
+
+
+class ProgramsTable(KeyedTable):
+    COLUMNS = (("id", "PROGRAM"), ("status", "STATUS"), ("reason", "REASON"),
+               ("session", "SESSION"), ("worker", "WORKER"), ("tokens", "TOKENS"),
+               ("steps", "STEPS"), ("in_state", "IN STATE"), ("tools", "TOOLS"))
+
+    def show(self, programs: list[dict[str, Any]], now: float,
+             tools: dict[str, list[str]]) -> None:
+        self.sync([(p["id"], cells(p, now, tools.get(p["id"], []))) for p in programs])

@@ -1,4 +1,4 @@
-"""A session's spans as horizontal bars scaled to the widget's width; one is selected."""
+"""A session's rows as horizontal bars scaled to the widget's width; one is selected."""
 
 from __future__ import annotations
 
@@ -11,17 +11,18 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from console.render import seconds
-from console.tui.timeline import GLYPHS, STYLES, Span, bar_cells, bounds
+from console.tui.data import Clock
+from console.tui.timeline import GLYPHS, STYLES, Span, bounds, cells
 
 LABEL_WIDTH = 26
 
 
 class TraceTimeline(Widget, can_focus=True):
     BINDINGS = [
-        Binding("up,k", "move(-1)", "prev span", show=False),
-        Binding("down,j", "move(1)", "next span", show=False),
-        Binding("home", "jump(0)", "first", show=False),
-        Binding("end", "jump(-1)", "last", show=False),
+        Binding("up,k", "move(-1)", "previous row"),
+        Binding("down,j", "move(1)", "next row"),
+        Binding("home", "jump(0)", "first row"),
+        Binding("end", "jump(-1)", "last row"),
         Binding("enter", "choose", "details"),
     ]
     selected: reactive[int] = reactive(0)
@@ -31,14 +32,15 @@ class TraceTimeline(Widget, can_focus=True):
             super().__init__()
             self.span = span
 
-    def __init__(self, *, id: str | None = None) -> None:
+    def __init__(self, *, id: str | None = None, clock: Clock = time.time) -> None:
         super().__init__(id=id)
         self.spans: list[Span] = []
+        self.clock = clock
 
     def show_spans(self, spans: list[Span]) -> None:
         at_end = self.selected >= len(self.spans) - 1
         self.spans = spans
-        # follow the newest span unless the operator moved away from it
+        # follow the newest row unless the operator moved away from it
         self.selected = len(spans) - 1 if at_end else min(self.selected, len(spans) - 1)
         self.selected = max(self.selected, 0)
         self.refresh()
@@ -60,8 +62,8 @@ class TraceTimeline(Widget, can_focus=True):
 
     def render(self) -> Text:
         if not self.spans:
-            return Text("no requests in this session yet", style="italic")
-        now = time.time()
+            return Text("no events in this session yet", style="italic")
+        now = self.clock()
         t0, t1 = bounds(self.spans, now)
         width = max(self.size.width - LABEL_WIDTH - 1, 10)
         first = self._first_visible()
@@ -80,11 +82,27 @@ class TraceTimeline(Widget, can_focus=True):
 
     @staticmethod
     def _line(span: Span, t0: float, t1: float, width: int, now: float, chosen: bool) -> Text:
-        a, b = bar_cells(span, t0, t1, width, now)
         label = f"{'▶' if chosen else ' '}{span.label}"[:LABEL_WIDTH]
-        line = Text(f"{label:<{LABEL_WIDTH}}", style="reverse" if chosen else "")
-        line.append(" " * a)
-        glyph = GLYPHS[span.kind]
-        line.append(glyph if span.kind == "migrate" else glyph * (b - a + 1),
-                    style=STYLES[span.kind])
+        line = Text()
+        line.append(f"{label:<{LABEL_WIDTH}}", style="reverse" if chosen else "")
+        bar = [(" ", "")] * width
+        if span.instant:
+            at, _ = cells(span.start, span.start, t0, t1, width)
+            bar[at] = (GLYPHS[span.kind], STYLES[span.kind])
+        for seg in span.segments:
+            a, b = cells(seg.start, seg.end if seg.end is not None else now, t0, t1, width)
+            bar[a:b + 1] = [(GLYPHS[seg.kind], STYLES[seg.kind])] * (b - a + 1)
+        for text, style in _runs(bar):
+            line.append(text, style=style)
         return line
+
+
+def _runs(bar: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Neighbouring cells of one glyph and style as one string; trailing blanks dropped."""
+    runs: list[tuple[str, str]] = []
+    for glyph, style in bar:
+        if runs and runs[-1][1] == style and runs[-1][0][-1] == glyph:
+            runs[-1] = (runs[-1][0] + glyph, style)
+        else:
+            runs.append((glyph, style))
+    return runs[:-1] if runs and not runs[-1][0].strip() else runs

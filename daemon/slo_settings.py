@@ -1,0 +1,110 @@
+"""The daemon's SLO scheduling settings: which policies start, and the config's [slo] table.
+
+Config keys (daemon/config.py): `ordering_policy` (a pool policy, default fcfs),
+`meta_policy` (meta-rules | meta-bandit | off | a pool policy to run fixed),
+`admission_policy` (statera | unbounded), `meta_interval_s`, and the TOML table
+
+    [slo]          cycle_s, short_window_s, long_window_s, delta_frag
+    [slo.rules]    fields of scheduling.meta.RuleThresholds (the meta-rules built-in)
+    [slo.guard]    fields of scheduling.meta.GuardConfig (rollback guard, emergency bypass)
+
+These choose what starts when the store has no active version for a layer; after that
+the stored active versions win, as for `kv_policy`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduling.layer_policies import ADMISSION_POLICIES, META_POLICIES
+from scheduling.meta import GuardConfig, RuleThresholds
+from scheduling.ordering import default_registry
+
+ORDERING_POOL = default_registry().names()
+META_OFF = "off"
+
+
+@dataclass(frozen=True)
+class SloSettings:
+    cycle_s: float = 0.5  # the stability agent's and the guards' period
+    short_window_s: float = 5.0
+    long_window_s: float = 60.0
+    delta_frag: float = 0.1
+    rules: RuleThresholds = field(default_factory=RuleThresholds)
+    guard: GuardConfig = field(default_factory=GuardConfig)
+
+
+_TABLES: dict[str, Any] = {"rules": RuleThresholds, "guard": GuardConfig}
+
+
+def parse_settings(raw: Mapping[str, Any]) -> SloSettings:
+    """Settings from the [slo] table; ValueError naming the key on a bad one."""
+    top = {f.name: f for f in dataclasses.fields(SloSettings)}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in _TABLES:
+            values[key] = _table(key, value, _TABLES[key])
+        elif key in top:
+            values[key] = _number(f"slo.{key}", value, float)
+        else:
+            raise ValueError(f"config key 'slo.{key}' is unknown; known: {sorted(top)}")
+    for key in ("cycle_s", "short_window_s", "long_window_s"):
+        if key in values and values[key] <= 0:
+            raise ValueError(f"config key 'slo.{key}' must be > 0")
+    if not 0 <= values.get("delta_frag", 0.1) < 1:
+        raise ValueError("config key 'slo.delta_frag' must be in [0, 1)")
+    return SloSettings(**values)
+
+
+def _table(name: str, raw: Any, cls: Any) -> Any:
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"config key 'slo.{name}' must be a table")
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    values = {}
+    for key, value in raw.items():
+        if key not in known:
+            raise ValueError(f"config key 'slo.{name}.{key}' is unknown; known: {sorted(known)}")
+        kind = int if isinstance(getattr(cls(), key), int) else float
+        values[key] = _number(f"slo.{name}.{key}", value, kind)
+    return cls(**values)
+
+
+def _number(key: str, value: Any, kind: type) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"config key '{key}' must be a number, got {value!r}")
+    if kind is int and value != int(value):
+        raise ValueError(f"config key '{key}' must be a whole number, got {value!r}")
+    return kind(value)
+
+
+def startup_policy(config: Any, layer: str) -> str:
+    """The built-in a layer starts with when the store has none active."""
+    meta = config.meta_policy
+    if layer == "ordering":
+        return meta if meta in ORDERING_POOL else config.ordering_policy
+    if layer == "meta":
+        return "meta-off" if meta == META_OFF or meta in ORDERING_POOL else meta
+    return str(config.admission_policy)
+
+
+def config_problem(config: Any) -> str | None:
+    """The first bad SLO config value, as one line naming the key; None when all are fine."""
+    metas = sorted([*META_POLICIES, META_OFF, *ORDERING_POOL])
+    if config.ordering_policy not in ORDERING_POOL:
+        return f"ordering_policy must be one of {', '.join(ORDERING_POOL)}, " \
+               f"got {config.ordering_policy!r}"
+    if config.meta_policy not in metas:
+        return f"meta_policy must be one of {', '.join(metas)}, got {config.meta_policy!r}"
+    if config.admission_policy not in ADMISSION_POLICIES:
+        return f"admission_policy must be one of {', '.join(sorted(ADMISSION_POLICIES))}, " \
+               f"got {config.admission_policy!r}"
+    if config.meta_interval_s <= 0:
+        return f"meta_interval_s must be > 0, got {config.meta_interval_s}"
+    try:
+        parse_settings(config.slo)
+    except ValueError as exc:
+        return str(exc)
+    return None

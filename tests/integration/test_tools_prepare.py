@@ -1,0 +1,104 @@
+"""Asynchronous preparation in a real daemon: a program paused by KV pressure declares a
+tool while it waits in the global queue; its environment is ready before it is restored.
+
+One sim worker with 4096 tokens of KV. Program B (~1.8k tokens) runs a step, then A
+(~2.8k tokens) arrives: together they thrash and the policy pauses B, the shorter ACTING
+one. B's next request waits while A generates and its acting weight decays; during that
+wait B declares a tool whose setup sleeps SETUP_S.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from tests.daemon_process import DaemonProcess
+from tests.tool_cleanup import remove_daemon_tools
+
+MODEL = "sim-llama3-8b"
+SETUP_S = 1.5
+
+
+def _config(tmp: Path, backend: str, image: str | None) -> Path:
+    path = tmp / "agentd.toml"
+    where = f'image = "{image}"' if image else ""
+    path.write_text(f'[tools.env]\nbackend = "{backend}"\n{where}\nsetup = ["sleep {SETUP_S}"]\n')
+    return path
+
+
+@pytest.fixture(params=["process", "docker"])
+def paused_daemon(request: pytest.FixtureRequest, daemon_factory: Callable[..., DaemonProcess],
+                  tmp_path: Path) -> Iterator[DaemonProcess]:
+    image = request.getfixturevalue("busybox_image") if request.param == "docker" else None
+    d = daemon_factory(
+        workers=1, extra_args=["--config", str(_config(tmp_path, request.param, image))],
+        env={"AGENTD_SIM_KV_TOKENS": "4096", "AGENTD_KV_POLICY": "thunderagent"},
+    )
+    yield d.start()
+    if image:
+        remove_daemon_tools(d.data_dir)
+
+
+def _chat(d: DaemonProcess, program: str, words: int, max_tokens: int) -> None:
+    client = openai.OpenAI(base_url=f"{d.url}/v1", api_key=d.token, max_retries=0, timeout=60)
+    client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "word " * words}],
+        max_tokens=max_tokens, extra_body={"program_id": program})
+
+
+def _trace(d: DaemonProcess, session: str) -> list[dict[str, Any]]:
+    data: list[dict[str, Any]] = d.get(f"/v1/sessions/{session}/trace",
+                                       params={"limit": 1000}).json()["data"]
+    return data
+
+
+def _wait_for(check: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    deadline = time.time() + timeout
+    while not check():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _first(events: list[dict[str, Any]], kind: str, after: float) -> dict[str, Any]:
+    return next(e for e in events if e["kind"] == kind and e["ts"] >= after)
+
+
+def test_preparation_overlaps_a_paused_programs_wait(paused_daemon: DaemonProcess) -> None:
+    d = paused_daemon
+    _chat(d, "B", 1800, 2)
+    _chat(d, "A", 2800, 2)
+    _wait_for(lambda: d.get("/v1/programs/B").json()["status"] == "PAUSED", "B to be paused")
+    threads = [threading.Thread(target=_chat, args=(d, "A", 2800, 300)),
+               threading.Thread(target=_chat, args=(d, "B", 1800, 2))]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.1)
+    _wait_for(lambda: sum(e["kind"] == "request.queued" for e in _trace(d, "B")) == 2,
+              "B's second request to queue")
+    assert d.get("/v1/programs/B").json()["status"] == "PAUSED"
+    r = d.post("/v1/programs/B/tools", json={"tools": ["env"]})
+    assert r.status_code == 200 and r.json()["tools"] == ["env"], r.text
+    threads[1].join(60)  # B's request came back: it was restored and ran
+    r = d.post("/v1/programs/B/tools/env/exec", json={"command": "echo ready"})
+    assert r.status_code == 200 and r.json()["stdout"] == "ready\n", r.text
+    threads[0].join(60)
+
+    events = _trace(d, "B")
+    queued = [e for e in events if e["kind"] == "request.queued"][1]
+    start = _first(events, "tool.prepare.start", queued["ts"])
+    end = _first(events, "tool.prepare.end", start["ts"])
+    restore = _first(events, "kv.restore", queued["ts"])
+    dispatched = _first(events, "request.dispatched", queued["ts"])
+    exec_end = _first(events, "tool.exec.end", end["ts"])
+    assert end["data"]["ok"] and end["data"]["duration_s"] >= SETUP_S
+    # Prepared entirely inside the wait: started while paused, done before the restore.
+    assert start["ts"] < end["ts"] < restore["ts"] <= dispatched["ts"], (start, end, restore)
+    assert exec_end["data"]["waited_s"] < SETUP_S / 2, exec_end
+    statuses = [(e["ts"], e["data"]["new"]) for e in events if e["kind"] == "program.status"]
+    assert [s for t, s in statuses if t <= start["ts"]][-1] == "PAUSED"

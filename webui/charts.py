@@ -1,0 +1,124 @@
+"""Cluster throughput, goodput and KV usage over the last minutes, as small line charts.
+
+The daemon exposes counters (/metrics) and live gauges (/v1/workers), not history. The UI
+samples them while someone watches the overview (one sample per interval, shared by every
+viewer) and turns successive samples into rates. Pure: the caller feeds the samples.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+WINDOW_S = 300.0  # what a chart shows at most
+MIN_WINDOW_S = 60.0  # ...and at least, so a young history is not squeezed to the right
+KEEP_S = 900.0  # what the history holds
+MIN_INTERVAL_S = 0.9  # viewers share samples: at most one per second
+GOODPUT_TTFT_S = "1.0"  # a TTFT bucket bound of /metrics: goodput = requests under it
+CHART_W, CHART_H = 300, 80
+
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{.*\})?\s+(\S+)$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Prometheus text exposition -> (name, labels, value) for every sample line."""
+    out = []
+    for line in text.splitlines():
+        m = _SAMPLE.match(line.strip())
+        if m is None or line.startswith("#"):
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        out.append((m.group(1), dict(_LABEL.findall(m.group(2) or "")), value))
+    return out
+
+
+def metric(samples: list[tuple[str, dict[str, str], float]], name: str,
+           **labels: str) -> float:
+    """The sum of `name` over every sample whose labels include `labels`."""
+    return sum(v for n, lab, v in samples
+               if n == name and all(lab.get(k) == want for k, want in labels.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    ts: float
+    generated_tokens: float  # counters since the daemon started
+    finished_requests: float
+    good_requests: float  # finished with TTFT under GOODPUT_TTFT_S
+    kv_used: float
+    kv_capacity: float
+
+
+def sample_of(ts: float, metrics_text: str, workers: list[dict[str, Any]]) -> Sample:
+    s = parse_metrics(metrics_text)
+    return Sample(
+        ts=ts,
+        generated_tokens=metric(s, "vllm:generation_tokens"),
+        finished_requests=metric(s, "vllm:e2e_request_latency_seconds_count"),
+        good_requests=metric(s, "vllm:time_to_first_token_seconds_bucket", le=GOODPUT_TTFT_S),
+        kv_used=sum(float(w.get("kv_used") or 0) for w in workers),
+        kv_capacity=sum(float(w.get("kv_capacity") or 0) for w in workers),
+    )
+
+
+class History:
+    """Samples of the last KEEP_S seconds, oldest first."""
+
+    def __init__(self) -> None:
+        self.samples: deque[Sample] = deque()
+
+    def due(self, now: float) -> bool:
+        return not self.samples or now - self.samples[-1].ts >= MIN_INTERVAL_S
+
+    def add(self, sample: Sample) -> None:
+        if not self.due(sample.ts):
+            return
+        self.samples.append(sample)
+        while self.samples and sample.ts - self.samples[0].ts > KEEP_S:
+            self.samples.popleft()
+
+    def window(self, now: float) -> float:
+        held = now - self.samples[0].ts if self.samples else 0.0
+        return min(WINDOW_S, max(MIN_WINDOW_S, held))
+
+    def charts(self, now: float) -> list[dict[str, Any]]:
+        pairs = list(zip(list(self.samples), list(self.samples)[1:], strict=False))
+        span = self.window(now)
+        return [
+            _chart("throughput", "Throughput", "tokens/s", now, span,
+                   [(b.ts, _rate(a.generated_tokens, b.generated_tokens, a, b)) for a, b in pairs]),
+            _chart("requests", "Finished requests", "req/s", now, span,
+                   [(b.ts, _rate(a.finished_requests, b.finished_requests, a, b))
+                    for a, b in pairs]),
+            _chart("goodput", f"Goodput (TTFT ≤ {GOODPUT_TTFT_S} s)", "req/s", now, span,
+                   [(b.ts, _rate(a.good_requests, b.good_requests, a, b)) for a, b in pairs]),
+            _chart("kv", "KV cache used", "%", now, span,
+                   [(s.ts, 100.0 * s.kv_used / s.kv_capacity if s.kv_capacity else 0.0)
+                    for s in self.samples], y_max=100.0),
+        ]
+
+
+def _rate(before: float, after: float, a: Sample, b: Sample) -> float:
+    # A counter that went down means the daemon restarted: no rate for that step.
+    return max(after - before, 0.0) / max(b.ts - a.ts, 1e-6)
+
+
+def _chart(key: str, title: str, unit: str, now: float, span: float,
+           points: list[tuple[float, float]], y_max: float | None = None) -> dict[str, Any]:
+    shown = [(t, v) for t, v in points if now - t <= span]
+    top = y_max if y_max is not None else max([v for _, v in shown] + [1.0]) * 1.1
+    coords = [(CHART_W * (1 - (now - t) / span), CHART_H * (1 - v / top)) for t, v in shown]
+    since = f"\u2212{span / 60:.0f} min" if span >= 120 else f"\u2212{span:.0f} s"
+    return {
+        "key": key, "title": title, "unit": unit, "since": since,
+        "points": " ".join(f"{x:.1f},{y:.1f}" for x, y in coords),
+        "top": f"{top:.3g} {unit}",
+        "last": f"{shown[-1][1]:.3g} {unit}" if shown else "no data yet",
+        "n": len(shown),
+    }
