@@ -9,6 +9,8 @@ side effects go:
 | `agentd.llm` | `$AGENTD_URL` (OpenAI-compatible), | the daemon's gateway, with |
 | | else LLMUnavailable | the run's program/session ids |
 | managed state | in memory | the session's state, written through on every mutation |
+| agent calls | local controllers (agentd/control.py) | the same, plus the daemon's global |
+| | | controller's decisions, fetched with this process's view every 0.25 s |
 
 The mode is chosen once per process from the environment: daemon mode when
 `AGENTD_RUN_ID` and `AGENTD_DAEMON_URL` are set (the sandbox sets them), else local.
@@ -26,19 +28,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager
 from typing import Any
 
 import httpx
 
+from agentd.control import ControlHost
 from agentd.future import DependencyError, Future, find_futures, resolve
 
 DEFAULT_THREADS = 32
 LLM_TIMEOUT_S = 300.0
-
-# (executor name, callable to run, key of the LLM program that executor's calls use)
-Placement = tuple[str, Callable[..., Any], str | None]
-Placer = Callable[[], AbstractContextManager[Placement]]
+CONTROL_PERIOD_S = 0.25
 
 
 class LLMUnavailable(RuntimeError):
@@ -62,18 +61,27 @@ def _current_llm_key() -> str | None:
 
 class Runtime:
     mode = "base"
+    session_id = "local"
 
     def __init__(self, max_threads: int | None = None) -> None:
         threads = max_threads or int(os.environ.get("AGENTD_MAX_THREADS", DEFAULT_THREADS))
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="agentd")
         self.futures: dict[str, Future] = {}
         self._lock = threading.Lock()
+        self._control: ControlHost | None = None
+
+    @property
+    def control(self) -> ControlHost:
+        """The agent instances of this process and their local controllers."""
+        with self._lock:
+            if self._control is None:
+                self._control = ControlHost(self, self.session_id)
+            return self._control
 
     # --- calls ------------------------------------------------------------------------
 
-    def call(self, kind: str, name: str, place: Placer, args: tuple[Any, ...],
-             kwargs: dict[str, Any]) -> Future:
-        """Create the future for one call; it runs once every future in its args resolved."""
+    def _new_future(self, kind: str, name: str, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> tuple[Future, list[Future]]:
         deps = find_futures((args, kwargs))
         fut = Future(kind, name, creator=current_future_id() or "driver",
                      dependencies=[d.id for d in deps])
@@ -83,9 +91,29 @@ class Runtime:
                 d.consumers.append(fut.id)
         self.emit("future.created", id=fut.id, name=name, kind=kind, creator=fut.creator,
                   dependencies=fut.dependencies)
+        return fut, deps
+
+    def call_agent(self, agent_type: str, name: str, method: str, args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> Future:
+        """An agent call: its local controller runs it once its dependencies resolved."""
+        fut, deps = self._new_future("agent", name, args, kwargs)
+        self.control.submit(fut, agent_type, method, args, kwargs, deps, current_future_id())
+        return fut
+
+    def call(self, kind: str, name: str, fn: Callable[..., Any], args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> Future:
+        """A tool call: it runs on the pool once every future in its args resolved."""
+        fut, deps = self._new_future(kind, name, args, kwargs)
+        if self._control is not None:
+            self._control.track_external(fut)
+        executor = f"{kind}:{name}"
+
+        def run() -> None:
+            self.execute(fut, deps, executor, fn, None, args, kwargs)
+
         waiting = [d for d in deps if not d.available()]
         if not waiting:
-            self.pool.submit(self._run, fut, deps, place, args, kwargs)
+            self.pool.submit(run)
             return fut
         left = [len(waiting)]
         count_lock = threading.Lock()
@@ -95,40 +123,44 @@ class Runtime:
                 left[0] -= 1
                 ready = left[0] == 0
             if ready:
-                self.pool.submit(self._run, fut, deps, place, args, kwargs)
+                self.pool.submit(run)
 
         for d in waiting:
             d.add_done_callback(one_done)
         return fut
 
-    def _run(self, fut: Future, deps: list[Future], place: Placer, args: tuple[Any, ...],
-             kwargs: dict[str, Any]) -> None:
+    def execute(self, fut: Future, deps: list[Future], executor: str, fn: Callable[..., Any],
+                llm_key: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Run one call whose dependencies have resolved; False if it failed."""
+        fut.mark_running(executor)
         failed = [d for d in deps if d.exception() is not None]
         try:
-            # Placement is entered even when a dependency failed, so that a stateful
-            # agent's call order (its turn) advances.
-            with place() as (executor, fn, llm_key):
-                fut.mark_running(executor)
-                if failed:
-                    d = failed[0]
-                    raise DependencyError(
-                        f"{fut.name} ({fut.id}) did not run: its dependency {d.name} "
-                        f"({d.id}) failed: {d.exception()!r}") from d.exception()
-                a, k = resolve(args), resolve(kwargs)
-                _local.future, _local.llm_key = fut.id, llm_key
-                try:
-                    value = fn(*a, **k)
-                    if inspect.iscoroutine(value):
-                        value = asyncio.run(value)
-                    value = resolve(value)
-                finally:
-                    _local.future = _local.llm_key = None
+            if failed:
+                d = failed[0]
+                raise DependencyError(
+                    f"{fut.name} ({fut.id}) did not run: its dependency {d.name} "
+                    f"({d.id}) failed: {d.exception()!r}") from d.exception()
+            a, k = resolve(args), resolve(kwargs)
+            _local.future, _local.llm_key = fut.id, llm_key
+            try:
+                value = fn(*a, **k)
+                if inspect.iscoroutine(value):
+                    value = asyncio.run(value)
+                value = resolve(value)
+            finally:
+                _local.future = _local.llm_key = None
         except BaseException as exc:
-            exc.add_note(f"agentd: raised in {fut.kind} {fut.name} (future {fut.id}, "
-                         f"executor {fut.executor}, created by {fut.creator})")
-            self._resolve(fut, error=exc)
-            return
+            self.fail(fut, exc, executor)
+            return False
         self._resolve(fut, value=value)
+        return True
+
+    def fail(self, fut: Future, exc: BaseException, executor: str) -> None:
+        if fut.executor is None:
+            fut.executor = executor
+        exc.add_note(f"agentd: raised in {fut.kind} {fut.name} (future {fut.id}, "
+                     f"executor {fut.executor}, created by {fut.creator})")
+        self._resolve(fut, error=exc)
 
     def _resolve(self, fut: Future, value: Any = None, error: BaseException | None = None) -> None:
         if error is None:
@@ -245,6 +277,10 @@ class DaemonRuntime(Runtime):
         self._sender = threading.Thread(target=self._send_loop, name="agentd-events",
                                         daemon=True)
         self._sender.start()
+        self._stop = threading.Event()
+        self._controller = threading.Thread(target=self._control_loop, name="agentd-control",
+                                            daemon=True)
+        self._controller.start()
         self._state: dict[str, Any] | None = None
         self._state_lock = threading.Lock()
         self._model: str | None = None
@@ -280,8 +316,26 @@ class DaemonRuntime(Runtime):
                     self.http.post(f"/v1/runs/{self.run_id}/events", json={"events": batch})
 
     def flush(self) -> None:
+        self._stop.set()
         self._events.put(None)
         self._sender.join(timeout=30)
+
+    # the global controller: send this process's view, install the decisions that come back
+    def _control_loop(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=10,
+                          headers=dict(self.http.headers)) as client:
+            while not self._stop.wait(CONTROL_PERIOD_S):
+                host = self._control
+                if host is None:
+                    continue  # no agent call yet
+                try:
+                    r = client.post(f"/v1/runs/{self.run_id}/control",
+                                    json={"view": host.snapshot()})
+                    decisions = r.json().get("decisions") if r.status_code == 200 else None
+                except (httpx.HTTPError, ValueError):
+                    continue
+                if decisions:
+                    host.apply(decisions)
 
     # LLM calls: the driver uses the run's program; each agent instance its own program in
     # the same session, because a program issues one LLM call at a time.

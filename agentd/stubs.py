@@ -11,54 +11,49 @@
     label = c.classify(question)  # an agentd.Future, at once
     hits = search(label)          # depends on `label`; runs when it resolves
 
-Directives (NALAR table 1, the subset implemented here):
-- `max_instances`: at most this many instances of the class per stub; a call goes to an
-  idle instance, a new one while fewer than max exist, else waits for the least busy.
-- `stateful`: every call of the stub goes to the same instance, in call order
-  (one session per run, so "same session -> same instance" is "one instance").
-An instance executes one method call at a time.
+Directives (NALAR Table 1):
+- `stateful`: a session's calls go to one instance, in call order, and never migrate.
+- `max_instances` / `min_instances`: the runtime keeps at least min instances and grows
+  up to max on demand (a call finds no idle instance); the global controller may also
+  provision or kill within these bounds.
+- `batchable`, `preemptable` (the name of the method that preempts a running call) and
+  `resources` ({"CPU": 1, "GPU": 0.5, "memory_mb": 512}) are carried in the control view
+  for policies; the runtime itself does not batch, preempt or reserve yet.
+An instance executes one method call at a time. All stubs of a class with the same
+constructor arguments share its instances (one agent type); see agentd/control.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec, TypeVar, cast, overload
 
 from agentd import runtime as rt
 from agentd.future import Future
+from scheduling.control import Directives
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-class _Instance:
-    def __init__(self, index: int, obj: Any) -> None:
-        self.index = index
-        self.obj = obj
-        self.lock = threading.Lock()
-        self.queued = 0
+RESOURCE_KEYS = frozenset({"CPU", "GPU", "memory_mb"})
 
 
 class AgentStub:
     """What calling a decorated agent class returns: methods return Futures."""
 
-    def __init__(self, cls: type, directives: dict[str, Any], args: tuple[Any, ...],
+    def __init__(self, cls: type, directives: Directives, args: tuple[Any, ...],
                  kwargs: dict[str, Any]) -> None:
         self._cls = cls
         self._directives = directives
         self._args, self._kwargs = args, kwargs
-        self._instances: list[_Instance] = []
-        self._pick_lock = threading.Lock()
-        self._turn = threading.Condition()  # stateful: calls run in the order they were made
-        self._next_ticket = 0
-        self._serving = 0
+
+    def _type(self) -> str:
+        return rt.current().control.agent_type(self._cls, self._args, self._kwargs,
+                                               self._directives)
 
     @property
     def instances(self) -> int:
-        return len(self._instances)
+        return rt.current().control.instances(self._type())
 
     def __getattr__(self, name: str) -> Callable[..., Future]:
         if name.startswith("_"):
@@ -70,66 +65,40 @@ class AgentStub:
 
         @functools.wraps(method)
         def call(*args: Any, **kwargs: Any) -> Future:
-            ticket = self._take_ticket()
-            return rt.current().call("agent", qualname,
-                                     lambda: self._place(name, ticket), args, kwargs)
+            return rt.current().call_agent(self._type(), qualname, name, args, kwargs)
 
         return call
-
-    def _take_ticket(self) -> int:
-        with self._turn:
-            ticket = self._next_ticket
-            self._next_ticket += 1
-            return ticket
-
-    def _choose(self) -> _Instance:
-        with self._pick_lock:
-            limit = 1 if self._directives["stateful"] else self._directives["max_instances"]
-            idle = [i for i in self._instances if i.queued == 0]
-            if idle:
-                chosen = idle[0]
-            elif len(self._instances) < limit:
-                chosen = _Instance(len(self._instances), None)
-                self._instances.append(chosen)
-            else:
-                chosen = min(self._instances, key=lambda i: i.queued)
-            chosen.queued += 1
-            return chosen
-
-    @contextlib.contextmanager
-    def _place(self, method: str, ticket: int) -> Iterator[rt.Placement]:
-        stateful = self._directives["stateful"]
-        if stateful:
-            with self._turn:
-                self._turn.wait_for(lambda: self._serving == ticket)
-        inst = self._choose()
-        try:
-            with inst.lock:
-                if inst.obj is None:
-                    inst.obj = self._cls(*self._args, **self._kwargs)
-                executor = f"{self._cls.__name__}#{inst.index}"
-                yield executor, getattr(inst.obj, method), f"{self._cls.__name__}.{inst.index}"
-        finally:
-            with self._pick_lock:
-                inst.queued -= 1
-            if stateful:
-                with self._turn:
-                    self._serving += 1
-                    self._turn.notify_all()
 
 
 class AgentClass:
     """The decorated class: calling it makes an AgentStub."""
 
-    def __init__(self, cls: type, stateful: bool, max_instances: int) -> None:
-        if max_instances < 1:
-            raise ValueError(f"max_instances must be at least 1, got {max_instances}")
+    def __init__(self, cls: type, directives: Directives) -> None:
         self.cls = cls
-        self.directives = {"stateful": stateful, "max_instances": max_instances}
+        self.directives = directives
         functools.update_wrapper(self, cls, updated=())
 
     def __call__(self, *args: Any, **kwargs: Any) -> AgentStub:
         return AgentStub(self.cls, self.directives, args, kwargs)
+
+
+def directives(stateful: bool = False, batchable: bool = False,
+               preemptable: str | None = None, min_instances: int = 1,
+               max_instances: int = 1, resources: Mapping[str, float] | None = None,
+               cls: type | None = None) -> Directives:
+    """Checked directives; ValueError names the directive that does not fit."""
+    if not 0 <= min_instances <= max_instances or max_instances < 1:
+        raise ValueError(f"need 0 <= min_instances <= max_instances and max_instances >= 1, "
+                         f"got min {min_instances}, max {max_instances}")
+    if preemptable is not None and cls is not None and not callable(
+            getattr(cls, preemptable, None)):
+        raise ValueError(f"preemptable names {preemptable!r}, which {cls.__name__} lacks")
+    res = dict(resources or {})
+    for key, value in res.items():
+        if key not in RESOURCE_KEYS or not isinstance(value, int | float) or value < 0:
+            raise ValueError(f"resources[{key!r}] must be one of {sorted(RESOURCE_KEYS)} "
+                             f"with a non-negative number, got {value!r}")
+    return Directives(stateful, batchable, preemptable, min_instances, max_instances, res)
 
 
 @overload
@@ -137,15 +106,21 @@ def agent(cls: type, /) -> AgentClass: ...
 
 
 @overload
-def agent(*, stateful: bool = False, max_instances: int = 1) -> Callable[[type], AgentClass]: ...
+def agent(*, stateful: bool = False, batchable: bool = False, preemptable: str | None = None,
+          min_instances: int = 1, max_instances: int = 1,
+          resources: Mapping[str, float] | None = None) -> Callable[[type], AgentClass]: ...
 
 
-def agent(cls: type | None = None, /, *, stateful: bool = False,
-          max_instances: int = 1) -> AgentClass | Callable[[type], AgentClass]:
-    """Class decorator: `@agentd.agent` or `@agentd.agent(stateful=..., max_instances=...)`."""
-    if cls is not None:
-        return AgentClass(cls, stateful, max_instances)
-    return lambda c: AgentClass(c, stateful, max_instances)
+def agent(cls: type | None = None, /, *, stateful: bool = False, batchable: bool = False,
+          preemptable: str | None = None, min_instances: int = 1, max_instances: int = 1,
+          resources: Mapping[str, float] | None = None,
+          ) -> AgentClass | Callable[[type], AgentClass]:
+    """Class decorator: `@agentd.agent` or `@agentd.agent(stateful=..., ...)`."""
+    def wrap(c: type) -> AgentClass:
+        return AgentClass(c, directives(stateful, batchable, preemptable, min_instances,
+                                        max_instances, resources, c))
+
+    return wrap(cls) if cls is not None else wrap
 
 
 class ToolFunction:
@@ -156,13 +131,7 @@ class ToolFunction:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Future:
-        name = self.fn.__name__
-
-        @contextlib.contextmanager
-        def place() -> Iterator[rt.Placement]:
-            yield f"tool:{name}", self.fn, None
-
-        return rt.current().call("tool", name, place, args, kwargs)
+        return rt.current().call("tool", self.fn.__name__, self.fn, args, kwargs)
 
 
 def tool(fn: Callable[P, R]) -> Callable[P, R]:

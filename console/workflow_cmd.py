@@ -1,8 +1,13 @@
-"""`agentctl submit DIR --entry MODULE:FUNC --args JSON [--session S] [--follow]`.
+"""`agentctl submit DIR --entry MODULE:FUNC --args JSON [--session S] [--follow]` and
+`agentctl stubgen AGENT.yaml [-o OUT.py] [--check]`.
 
-Registers DIR's text files as a new version of the workflow (named after DIR unless
---name), starts a run, and prints the run; with --follow it streams the run's events
-and then prints its result (exit 1 when the run failed).
+submit registers DIR's text files as a new version of the workflow (named after DIR
+unless --name), starts a run, and prints the run; with --follow it streams the run's
+events and then prints its result (exit 1 when the run failed).
+
+stubgen turns an agent's YAML declaration into its stub module (agentd/stubgen.py),
+written next to the YAML as <agent>.py unless -o; --check only says whether the file on
+disk is up to date (exit 1 if not). It needs no daemon.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentd.stubgen import StubgenError, generate
 from console.client import AgentdClient, Call, ClientError
 
 SKIP_DIRS = {"__pycache__", ".git", ".venv", "node_modules"}
@@ -89,6 +95,33 @@ def cmd_submit(c: AgentdClient, a: argparse.Namespace) -> int:
     return 0 if final["status"] == "finished" else 1
 
 
+def cmd_stubgen(_c: AgentdClient, a: argparse.Namespace) -> int:
+    src = Path(a.yaml)
+    try:
+        text = src.read_text()
+    except OSError as exc:
+        raise ClientError(f"cannot read {src}: {exc.strerror or exc}") from None
+    try:
+        name, module = generate(text, src.name)
+    except StubgenError as exc:
+        raise ClientError(f"{src}: {exc}") from None
+    out = Path(a.output) if a.output else src.with_name(f"{name}.py")
+    if a.check:
+        current = out.read_text() if out.is_file() else None
+        if current != module:
+            print(f"{out} is not up to date with {src}; run agentctl stubgen {src}",
+                  file=sys.stderr)
+            return 1
+        print(f"{out} is up to date")
+        return 0
+    try:
+        out.write_text(module)
+    except OSError as exc:
+        raise ClientError(f"cannot write {out}: {exc.strerror or exc}") from None
+    print(f"wrote {out} (agent {name})")
+    return 0
+
+
 def add_workflow_parser(subparsers: Any,
                         common: Callable[[argparse.ArgumentParser], None] | None = None) -> None:
     """Add `submit` to agentctl's subparsers; `common` adds the shared flags."""
@@ -106,3 +139,13 @@ def add_workflow_parser(subparsers: Any,
     p.set_defaults(tui_command=cmd_submit)
     if common is not None:
         common(p)
+    g = subparsers.add_parser("stubgen", help="generate an agent's stub module from its YAML",
+                              description="turn an agent's YAML declaration (name, class, "
+                              "functions, parameters, directives) into an importable stub")
+    g.add_argument("yaml", metavar="AGENT.yaml")
+    g.add_argument("-o", "--output", metavar="OUT.py", help="default: <agent>.py beside the YAML")
+    g.add_argument("--check", action="store_true",
+                   help="exit 1 if the stub on disk differs from what would be generated")
+    g.set_defaults(tui_command=cmd_stubgen)
+    if common is not None:
+        common(g)

@@ -70,7 +70,8 @@ class Core:
         self._accepting = True
         self._pumping = False
         self._remove_metrics: Callable[[], None] | None = None
-        self.kv = KvControl(self, config.kv_policy)
+        self.kv = KvControl(self, config.kv_policy,
+                           KvConfig(force_resume_s=config.kv_force_resume_s))
         self.slo = SloControl(self, parse_settings(config.slo))
         # The one global waiting queue: ordered by the active ordering policy, plus the
         # requests whose program the KV policy holds (see pump).

@@ -9,6 +9,7 @@ request an operator moved with now=true) and records each one in the trace.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from daemon.state import ProgramState, ProgramStatus
@@ -43,6 +44,7 @@ class KvControl:
         self.core = core
         self.policy: KvPolicy = make_kv_policy(policy_name)
         self.config = config or KvConfig()
+        self._views = ProgramViews()
 
     # --- the view ---------------------------------------------------------------
 
@@ -52,9 +54,7 @@ class KvControl:
                        w.stats.kv_used_tokens if w.stats else 0, w.healthy)
             for w in self.core.workers.values()
         )
-        programs = tuple(_program_view(p) for p in self.core.programs.values()
-                         if p.status in _TO_KV and not p.held)
-        return KvView(workers, programs, self.config)
+        return KvView(workers, self._views.build(self.core.programs.values()), self.config)
 
     # --- calls into the policy --------------------------------------------------
 
@@ -70,6 +70,7 @@ class KvControl:
 
     def tick(self) -> None:
         self.apply(self.policy.decide(self.view(), time.time()))
+        self._views.forget_gone(self.core.programs)
 
     def request_ended(self, program: ProgramState) -> None:
         if program.held and program.worker_id is not None:
@@ -103,11 +104,16 @@ class KvControl:
             elif isinstance(decision, Pause):
                 self._pause(program, decision)
             else:
+                grant = (decision.worker_id, program.ready_request)
+                repeated = program.kv_grant == grant and program.worker_id == decision.worker_id
                 program.worker_id = decision.worker_id
                 program.pause_marked = False
                 program.migrate_to = None
+                program.kv_grant = grant
                 if program.ready_request is None:
                     self.core.set_program_status(program, ProgramStatus.ACTING, decision.reason)
+                if repeated:
+                    continue
             self._record(decision, program)
         if decisions:
             self.core.pump()
@@ -116,6 +122,7 @@ class KvControl:
         if program.active_request is not None and program.status == ProgramStatus.REASONING:
             self.core.requeue(program.active_request, f"paused: {decision.reason}")
         program.pause_marked = False
+        program.kv_grant = None
         self.core.set_program_status(program, ProgramStatus.PAUSED, decision.reason)
 
     def _record(self, decision: Decision, program: ProgramState) -> None:
@@ -127,6 +134,38 @@ class KvControl:
             reason=decision.reason, context_tokens=program.context_tokens,
             policy=self.policy.name, policy_version=getattr(self.policy, "version", None),
         )
+
+
+class ProgramViews:
+    """Each program's `ProgramView`, rebuilt only when a field it is built from changed.
+
+    The view is rebuilt for every routed request; with hundreds of live programs,
+    building each frozen `ProgramView` anew was most of that cost, and between two
+    routings almost none of them changes. The key holds every mutable field the view
+    reads, so a cached view always equals a fresh one.
+    """
+
+    def __init__(self) -> None:
+        self._cache: dict[str, tuple[tuple[object, ...], ProgramView]] = {}
+
+    def build(self, programs: Iterable[ProgramState]) -> tuple[ProgramView, ...]:
+        out = []
+        cache = self._cache
+        for p in programs:
+            if p.held or p.status not in _TO_KV:
+                continue
+            key = (p.status, p.context_tokens, p.worker_id, p.acting_since, p.ready_since,
+                   p.ready_request is not None, p.pinned, p.pause_marked, p.tool_time_sum,
+                   p.tool_time_count, p.migrate_to, p.created_at)
+            hit = cache.get(p.id)
+            if hit is None or hit[0] != key:
+                hit = cache[p.id] = (key, _program_view(p))
+            out.append(hit[1])
+        return tuple(out)
+
+    def forget_gone(self, programs: Mapping[str, ProgramState]) -> None:
+        for pid in [pid for pid in self._cache if pid not in programs]:
+            del self._cache[pid]
 
 
 def _program_view(p: ProgramState) -> ProgramView:

@@ -75,6 +75,9 @@ class ProgramState:
     pause_marked: bool = False
     held: bool = False  # paused by an operator: the KV policy neither sees nor restores it
     migrate_to: str | None = None
+    # The last recorded admit/restore (worker, waiting request): a policy repeats it every
+    # tick while the admission fence holds the request, and the trace needs it once.
+    kv_grant: tuple[str, str | None] | None = None
     tool_time_sum: float = 0.0
     tool_time_count: int = 0
 

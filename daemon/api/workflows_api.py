@@ -3,7 +3,11 @@
 Clients:   POST/GET /v1/workflows · POST /v1/runs · GET /v1/runs · GET /v1/runs/{id}
            GET /v1/runs/{id}/events (SSE) · DELETE /v1/runs/{id}
 Sandboxes: POST /v1/runs/{id}/events · GET /v1/runs/{id}/state · PUT /v1/runs/{id}/state/{name}
+           POST /v1/runs/{id}/control (its view in, the global controller's decisions out)
            (scope submit, and the token must be that run's own token, or an operator's)
+Control:   GET /v1/control · PUT /v1/control/policy (operator) · GET /v1/runs/{id}/control
+           POST /v1/runs/{id}/control/decisions (operator: route / set_priority / migrate /
+           kill / provision for one run, in the run's own names)
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ from litestar.response import Stream
 from daemon.api.errors import ApiError, decode_body
 from daemon.auth import OPERATOR, READ, SUBMIT, principal_of
 from daemon.runtime.bundles import BundleError
+from daemon.runtime.control import ControlLoop, ControlReport, known_policies
 from daemon.runtime.runs import Run, RunController
 
 STATE_KEY = "agentd.runs"
+CONTROL_KEY = "agentd.control"
 MAX_EVENTS_PER_POST = 1000
 
 
@@ -47,11 +53,26 @@ class StateBody(msgspec.Struct, forbid_unknown_fields=True):
     value: Any
 
 
+class DecisionsBody(msgspec.Struct, forbid_unknown_fields=True):
+    decisions: list[dict[str, Any]]
+
+
+class PolicyBody(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+
+
 def runs_of(request: Request[Any, Any, Any]) -> RunController:
     runs: RunController | None = request.app.state.get(STATE_KEY)
     if runs is None:
         raise ApiError(503, "the workflow runtime has not started", "unavailable")
     return runs
+
+
+def control_of(request: Request[Any, Any, Any]) -> ControlLoop:
+    loop: ControlLoop | None = request.app.state.get(CONTROL_KEY)
+    if loop is None:
+        raise ApiError(503, "the global controller has not started", "unavailable")
+    return loop
 
 
 def _bundle_error(exc: BundleError) -> ApiError:
@@ -174,3 +195,60 @@ class WorkflowsController(Controller):
             raise ApiError(400, "state name must be 1-128 characters", param="name")
         await runs.save_state(run, name, body.value)
         return {"session_id": run.session_id, "name": name}
+
+    @post("/runs/{run_id:str}/control", status_code=200, opt={"scope": SUBMIT},
+          summary="Sandbox: report its local controllers' view; get the decisions for it")
+    async def report_control(self, request: Request[Any, Any, Any],
+                             run_id: str) -> dict[str, Any]:
+        runs = runs_of(request)
+        run = _own_run(request, runs, run_id)
+        body = decode_body(await request.body(), ControlReport)
+        try:
+            decisions = control_of(request).report(run, body.view)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), param="view") from exc
+        return {"decisions": decisions}
+
+    @get("/runs/{run_id:str}/control", opt={"scope": READ},
+         summary="A run's agent instances, live calls and installed rules, as last reported")
+    async def run_control(self, request: Request[Any, Any, Any], run_id: str) -> dict[str, Any]:
+        run = _run(runs_of(request), run_id)
+        view = control_of(request).run_view(run)
+        if view is None:
+            return {"run_id": run.id, "reported": False}
+        return {"run_id": run.id, "reported": True,
+                "instances": [i._asdict() | {"state": i.state.value} for i in view.instances],
+                "futures": [f._asdict() | {"status": f.status.value} for f in view.futures],
+                "priorities": dict(view.rules.priorities),
+                "routes": [[s, t, i] for (s, t), i in view.rules.routes.items()]}
+
+    @post("/runs/{run_id:str}/control/decisions", status_code=200, opt={"scope": OPERATOR},
+          summary="Operator: queue route / set_priority / migrate / kill / provision for a run")
+    async def run_decisions(self, request: Request[Any, Any, Any],
+                            run_id: str) -> dict[str, Any]:
+        run = _run(runs_of(request), run_id)
+        if run.ended:
+            raise ApiError(409, f"run '{run_id}' has ended ({run.status})", "run_ended")
+        body = decode_body(await request.body(), DecisionsBody)
+        try:
+            results = control_of(request).submit(run, body.decisions)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), param="decisions") from exc
+        except LookupError as exc:
+            raise ApiError(409, str(exc), "no_view") from exc
+        return {"results": results}
+
+    @get("/control", opt={"scope": READ}, summary="The global controller: policy and last step")
+    async def control_status(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
+        return control_of(request).status() | {"policies": known_policies()}
+
+    @put("/control/policy", status_code=200, opt={"scope": OPERATOR},
+         summary="Operator: make a built-in control policy active from the next period")
+    async def control_policy(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
+        body = decode_body(await request.body(), PolicyBody)
+        loop = control_of(request)
+        try:
+            old = loop.swap(body.name)
+        except KeyError as exc:
+            raise ApiError(400, str(exc.args[0]), param="name") from exc
+        return loop.status() | {"previous": old.name}

@@ -18,6 +18,7 @@ except for the reported ``wall_s``.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import sys
@@ -93,6 +94,11 @@ class Replay:
         cost, sched = config.load_cost(), config.scheduler_config()
         self.workers = {f"w{i}": SimWorker(f"w{i}", sched, cost) for i in range(config.workers)}
         self.programs = {s.program_id: ProgramRun(s) for s in specs}
+        # Live programs as sorted positions in ``programs``: views list them in that order
+        # without scanning every program of the trace on each routing call.
+        self._runs = list(self.programs.values())
+        self._position = {pid: i for i, pid in enumerate(self.programs)}
+        self._live: list[int] = []
         self.backlog = deque(sorted(self.programs.values(),
                                     key=lambda p: (p.spec.arrival_s, p.pid)))
         self.slo = SloLayer(slo, list(self.workers), sched, cost, slos) if slo else None
@@ -169,6 +175,7 @@ class Replay:
 
     def _start(self, prog: ProgramRun) -> None:
         prog.started_at = self.now
+        bisect.insort(self._live, self._position[prog.pid])
         prog.status = ProgramStatus.QUEUED
         self._make_ready(prog)
         self._route(prog)
@@ -274,6 +281,7 @@ class Replay:
 
     def _stop(self, prog: ProgramRun) -> None:
         prog.status, prog.finished_at, prog.worker = ProgramStatus.STOPPED, self.now, None
+        del self._live[bisect.bisect_left(self._live, self._position[prog.pid])]
         prog.context, prog.hashes = [], []
         assert prog.started_at is not None
         self.latencies.append(self.now - prog.started_at)
@@ -285,7 +293,8 @@ class Replay:
     def view(self) -> KvView:
         workers = tuple(WorkerView(w.worker_id, w.capacity_tokens, w.used_tokens)
                         for w in self.workers.values())
-        programs = tuple(p.view(self._kv_resident(p)) for p in self.programs.values() if p.live)
+        runs = self._runs
+        programs = tuple(runs[i].view(self._kv_resident(runs[i])) for i in self._live)
         return KvView(workers, programs, self.config.kv)
 
     def _kv_resident(self, prog: ProgramRun) -> bool:
@@ -296,7 +305,7 @@ class Replay:
 
     def _kv_tick(self) -> None:
         self._apply(self.policy.decide(self.view(), self.now))
-        live = [p for p in self.programs.values() if p.live]
+        live = [self._runs[i] for i in self._live]
         paused = sum(1 for p in live if p.status is ProgramStatus.PAUSED)
         self.samples.add([w.used_fraction for w in self.workers.values()], paused, len(live))
         if not self._finished():

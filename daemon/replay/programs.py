@@ -41,6 +41,8 @@ class ProgramRun:
     pause_marked: bool = False
     migrate_to: str | None = None
     tool_times: list[float] = field(default_factory=list)
+    _view: tuple[tuple[int, int, int, bool], ProgramView] | None = field(default=None,
+                                                                          repr=False)
 
     @property
     def pid(self) -> str:
@@ -71,7 +73,24 @@ class ProgramRun:
             return self.request.num_tokens
         return len(self.prompt) if self.pending else len(self.context)
 
+    def __setattr__(self, name: str, value: object) -> None:
+        # Counts assignments, so the view cache knows when a field may have changed.
+        object.__setattr__(self, name, value)
+        if name != "_view":
+            object.__setattr__(self, "_edits", self.__dict__.get("_edits", 0) + 1)
+
     def view(self, kv_resident: bool) -> ProgramView:
+        # Every routing call views every live program, and most have not changed since the
+        # last one: reuse the frozen view until a field is assigned, the tool history grows,
+        # the running request gains a token or residency flips.
+        req = self.request
+        key = (self.__dict__["_edits"], len(self.tool_times),
+               -1 if req is None else req.num_tokens, kv_resident)
+        if self._view is None or self._view[0] != key:
+            self._view = (key, self._build_view(kv_resident))
+        return self._view[1]
+
+    def _build_view(self, kv_resident: bool) -> ProgramView:
         return ProgramView(
             program_id=self.pid,
             status=self.status,

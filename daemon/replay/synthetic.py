@@ -99,7 +99,9 @@ def fit_tracelab(path: str | Path) -> AgentShape:
     """The fit documented above, recomputed from a TraceLab round trace."""
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     sessions: dict[str, int] = {}
-    firsts, appended, tools = [], [], []
+    firsts: list[float] = []
+    appended: list[float] = []
+    tools: list[float] = []
     for r in rows:
         sessions[r["session_id"]] = sessions.get(r["session_id"], 0) + 1
         target = firsts if int(r["round_index"]) == 0 else appended

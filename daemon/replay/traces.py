@@ -110,7 +110,8 @@ def load_tracelab(path: Path) -> list[ProgramSpec]:
     specs: list[ProgramSpec] = []
     for i, (sid, rounds) in enumerate(sessions.items()):
         rounds.sort(key=lambda r: int(r["round_index"]))
-        steps, tool_s = [], 0.0
+        steps: list[StepSpec] = []
+        tool_s = 0.0
         for r in rounds:
             prompt = int(r["input_tokens_total"])
             new = prompt if not steps else int(r["newly_append_tokens"])

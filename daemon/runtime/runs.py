@@ -23,16 +23,16 @@ import logging
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from daemon import auth
 from daemon.core import Core, CoreError, new_id
+from daemon.runtime import confine
 from daemon.runtime.bundles import BundleError, BundleStore, Signature
 from daemon.state import ProgramStatus
 from db import models, tokens
@@ -40,13 +40,21 @@ from db import models, tokens
 log = logging.getLogger("agentd.runs")
 
 DEFAULT_LIMITS: dict[str, float] = {"memory_mb": 1024, "cpu_s": 300, "open_files": 256,
-                                    "file_size_mb": 64, "timeout_s": 600}
+                                    "file_size_mb": 64, "timeout_s": 600,
+                                    "processes": 128, "disk_mb": 256}
 MAX_LIMITS: dict[str, float] = {"memory_mb": 16384, "cpu_s": 86400, "open_files": 4096,
-                                "file_size_mb": 4096, "timeout_s": 86400}
+                                "file_size_mb": 4096, "timeout_s": 86400,
+                                "processes": 4096, "disk_mb": 16384}
 MIN_MEMORY_MB = 128  # below this the interpreter itself does not start
 MAX_EVENTS = 50_000
 LOG_TAIL = 8000
 ENDED = ("finished", "failed", "cancelled")
+# what a sandbox may report: its futures, and its local controllers' placements,
+# migrations and installed decisions (agentd/control.py)
+SANDBOX_EVENTS = frozenset({
+    "future.created", "future.resolved", "future.placed", "future.started", "future.migrated",
+    "migration.refused", "control.applied", "instance.provisioned", "instance.killed",
+    "instance.dead"})
 
 
 @dataclass
@@ -187,10 +195,7 @@ class RunController:
             spec = {"entry": run.entry, "args": run.args,
                     "limits": {k: v for k, v in run.limits.items() if k != "timeout_s"}}
             with open(log_path, "wb") as log_file:
-                proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-I", "-m", "agentd.sandbox", cwd=work,
-                    env=self.sandbox_env(run, secret), stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE, stderr=log_file, start_new_session=True)
+                proc, jail = await self._start_sandbox(run, root, log_file, secret)
             run.proc, run.pid = proc, proc.pid
             run.status, run.started_at = "running", time.time()
             self.trace(run, "run.started", pid=proc.pid, limits=run.limits)
@@ -203,7 +208,7 @@ class RunController:
                 outcome = {"ok": False, "kind": "system",
                            "reason": f"wall-clock limit exceeded ({run.limits['timeout_s']:g} s)"}
             else:
-                outcome = self._outcome(stdout, proc.returncode or 0, run)
+                outcome = jail.explain(self._outcome(stdout, proc.returncode or 0, run))
             run.log_tail = log_path.read_text(errors="replace")[-LOG_TAIL:]
         except asyncio.CancelledError:
             self._kill(run)
@@ -214,6 +219,15 @@ class RunController:
         finally:
             shutil.rmtree(root, ignore_errors=True)
         await self._finish(run, outcome)
+
+    async def _start_sandbox(self, run: Run, root: Path, log_file: IO[bytes], secret: str
+                             ) -> tuple[asyncio.subprocess.Process, confine.Jail]:
+        """The sandbox's start parameters: its kernel-level confinement (a uid of its own,
+        pids cgroup, namespaces, Landlock, disk quota or watchdog) is confine.Jail's."""
+        box = await confine.confinement(self.core.config, self.base_url)
+        jail = confine.Jail(box, run.id, run.limits, lambda kind, **d: self.trace(run, kind, **d))
+        proc = await jail.spawn(root, root / "work", log_file, self.sandbox_env(run, secret))
+        return proc, jail
 
     def _outcome(self, stdout: bytes, returncode: int, run: Run) -> dict[str, Any]:
         lines = stdout.decode(errors="replace").strip().splitlines()
@@ -296,12 +310,16 @@ class RunController:
         taken = 0
         for e in events:
             kind = str(e.get("event", ""))
-            if kind not in ("future.created", "future.resolved"):
+            if kind not in SANDBOX_EVENTS:
                 continue
             data = {k: v for k, v in e.items() if k not in ("event", "ts", "kind", "session_id",
                                                             "program_id", "run_id")}
             self.trace(run, kind, **data)
-            self._future_row(run, kind, data)
+            if kind in ("future.created", "future.resolved"):
+                self._future_row(run, kind, data)
+            elif kind in ("future.placed", "future.migrated") and data.get("id"):
+                where = data.get("instance") or data.get("destination")
+                self.core.writer.update("futures", f"{run.id}:{data['id']}", executor=where)
             taken += 1
         return taken
 

@@ -1,9 +1,9 @@
 """Plugging the workflow runtime into the app: one call, `install_workflows(app)`.
 
 It registers WorkflowsController, and adds a lifespan manager that starts the run
-controller once the daemon's core exists and, on shutdown, cancels live runs (killing
-their sandboxes and releasing their programs) before the core stops. Calling it twice
-is harmless.
+controller and the global control loop once the daemon's core exists and, on shutdown,
+stops the loop and cancels live runs (killing their sandboxes and releasing their
+programs) before the core stops. Calling it twice is harmless.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Any
 
 from litestar import Litestar
 
-from daemon.api.workflows_api import STATE_KEY, WorkflowsController
+from daemon.api.workflows_api import CONTROL_KEY, STATE_KEY, WorkflowsController
+from daemon.runtime.control import ControlLoop
 from daemon.runtime.runs import RunController
 
 INSTALLED = "agentd.workflows.installed"
@@ -32,12 +33,16 @@ def install_workflows(app: Litestar) -> None:
         core = daemon.get_core()
         cfg = daemon.config
         runs = RunController(core, cfg.data_path, cfg.base_url, cfg.auth)
+        control = ControlLoop(runs)
         app.state[STATE_KEY] = runs
+        app.state[CONTROL_KEY] = control
+        control.start()
         try:
             yield
         finally:
+            await control.stop()
             await runs.stop()
-            app.state[STATE_KEY] = None
+            app.state[STATE_KEY] = app.state[CONTROL_KEY] = None
 
     # entered after the daemon's own lifespan, so left (runs stopped) before it
     app._lifespan_managers.append(lifespan)

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import statistics
-from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from scheduling.kv.decisions import placements
 from scheduling.kv.ledger import Ledger, decay
 from scheduling.kv.plan import Plan, pause_order
 from scheduling.kv.thunder import ThunderAgentPolicy
@@ -43,16 +40,15 @@ class AgentdOptions:
     smooth_admission: at most `admits_per_tick` new programs per worker per step,
         and only into room left after reserving `growth_reserve` of capacity, so a
         burst of arrivals does not fill a worker that running contexts will outgrow.
-    patient_force_resume: an overdue request (waiting `force_resume_s`) is served
-        before any other placement, oldest first, but only into room that is really
-        free: nothing is marked for pause to make room for it, and tokens of
-        programs marked for pause still count until their requests end. ThunderAgent
-        instead marks running programs and places the overdue one at once; under
-        sustained overload (waits past the timeout for most requests) that
-        overcommits the engine every step (preemptions, lost prefix cache). Off by
-        default because it gives up the hard bound "placed within force_resume_s"
-        for "overdue requests go first": a request may wait a little longer, until
-        requests already running end.
+        Off by default: the reserve bought about 3% at 32 programs but cost 3% at
+        256, and 14-22% at 256 once force-resume no longer forces rotation, where
+        it keeps newcomers (short contexts, many per GB of KV) out behind
+        long-context programs (bench/kv.py ablation).
+
+    There is no "patient" force-resume: waiting past `force_resume_s` for really
+    free room is the same as a longer timeout without its bound (in the synthetic
+    sweep at 256 programs it left 223 programs unserved for up to 300 s). A longer
+    `KvConfig.force_resume_s` gives that throughput and keeps a bound.
     """
 
     predicted_hold: bool = True
@@ -61,33 +57,21 @@ class AgentdOptions:
     spread_admission: bool = True
     share_prefix: bool = False
     migration_cost: bool = True
-    smooth_admission: bool = True
+    smooth_admission: bool = False
     admits_per_tick: int = 4
     growth_reserve: float = 0.05
-    patient_force_resume: bool = False
 
 
 class AgentdPolicy(ThunderAgentPolicy):
-    """ThunderAgent with predicted tool hold, spread and smoothed admission,
-    migration-cost-aware restore and (opt-in) prefix sharing and patient
-    force-resume; see `AgentdOptions` for each one and its flag."""
+    """ThunderAgent with predicted tool hold, spread admission, migration-cost-aware
+    restore and (opt-in) fleet prior, prefix sharing and smoothed admission; see
+    `AgentdOptions` for each one and its flag."""
 
     name = "agentd"
 
     def __init__(self, options: AgentdOptions | None = None) -> None:
         self.options = options or AgentdOptions()
         self.share_prefix = self.options.share_prefix
-
-    def route(self, view: KvView, program_id: str, now: float) -> str | None:
-        program = view.program(program_id)
-        if not self.options.patient_force_resume or not program.waiting:
-            return super().route(view, program_id, now)
-        # Overdue requests go first here too; the patient pass evicts nothing, so
-        # route still relies on no eviction that is not yet applied.
-        plan = self._plan(view, now)
-        self._force_resume(plan, now)
-        self._restore(plan)
-        return placements(plan.decisions).get(program_id)
 
     def weight(self, program: ProgramView, view: KvView, now: float) -> float:
         return self._weight(program, view, now, fleet_tool_mean(view))
@@ -97,14 +81,14 @@ class AgentdPolicy(ThunderAgentPolicy):
 
     def fits(self, plan: Plan, worker_id: str, program: ProgramView) -> bool:
         low = plan.view.config.low_watermark
-        if self.room(plan, worker_id, low) < plan.ledger.cost(worker_id, program):
+        if plan.ledger.room(worker_id, low) < plan.ledger.cost(worker_id, program):
             return False
         if not self.options.smooth_admission or program.status is not ProgramStatus.QUEUED:
             return True
         if plan.admitted[worker_id] >= self.options.admits_per_tick:
             return False
         reserve = plan.ledger.limit(worker_id, self.options.growth_reserve)
-        return self.room(plan, worker_id, low) - reserve >= (
+        return plan.ledger.room(worker_id, low) - reserve >= (
             plan.ledger.cost(worker_id, program)
         )
 
@@ -122,32 +106,7 @@ class AgentdPolicy(ThunderAgentPolicy):
     def _plan(self, view: KvView, now: float) -> Plan:
         prior = fleet_tool_mean(view)
         ledger = Ledger(view, lambda p: self._weight(p, view, now, prior), self.share_prefix)
-        return AgentdPlan(view, ledger, lambda p: self._pause_key(p, now, prior))
-
-    def _force_resume(self, plan: Plan, now: float) -> None:
-        if not self.options.patient_force_resume:
-            super()._force_resume(plan, now)
-            return
-        limit_s = plan.view.config.force_resume_s
-        overdue = [p for p in plan.view.programs if p.waiting and now - p.waited_from >= limit_s]
-        high = plan.view.config.high_watermark
-        for program in sorted(overdue, key=lambda p: (p.waited_from, p.program_id)):
-            fitting = [
-                w for w in plan.ledger.worker_ids()
-                if plan.ledger.is_healthy(w)
-                and self.room(plan, w, high) >= plan.ledger.cost(w, program)
-            ]
-            worker_id = max(fitting, key=lambda w: (self.room(plan, w, high), w), default=None)
-            if worker_id is not None:
-                plan.place(program, worker_id, "force-resume")
-
-    def room(self, plan: Plan, worker_id: str, watermark: float) -> float:
-        """Room under `watermark`; with `patient_force_resume`, less the tokens of
-        programs marked for pause whose requests still run (the engine holds them)."""
-        room = plan.ledger.room(worker_id, watermark)
-        if self.options.patient_force_resume and isinstance(plan, AgentdPlan):
-            room -= plan.marked_running[worker_id]
-        return room
+        return Plan(view, ledger, lambda p: self._pause_key(p, now, prior))
 
     def _weight(self, program: ProgramView, view: KvView, now: float, prior: float) -> float:
         if program.status is not ProgramStatus.ACTING or program.acting_since is None:
@@ -172,25 +131,6 @@ class AgentdPolicy(ThunderAgentPolicy):
         if mean is None:
             mean = prior if self.options.fleet_prior else None
         return mean if mean is not None and mean <= self.options.hold_cap_s else 0.0
-
-
-class AgentdPlan(Plan):
-    """A plan that also tracks, per worker, the tokens of REASONING programs marked
-    for pause: the ledger counts them gone, but their requests still hold KV."""
-
-    def __init__(
-        self, view: KvView, ledger: Ledger, pause_key: Callable[[ProgramView], Any]
-    ) -> None:
-        super().__init__(view, ledger, pause_key)
-        self.marked_running = Counter[str]()
-        for p in view.programs:
-            if p.status is ProgramStatus.REASONING and p.pause_marked and p.worker_id:
-                self.marked_running[p.worker_id] += p.context_tokens
-
-    def evict(self, program: ProgramView, reason: str) -> None:
-        if program.status is ProgramStatus.REASONING and program.worker_id:
-            self.marked_running[program.worker_id] += program.context_tokens
-        super().evict(program, reason)
 
 
 def fleet_tool_mean(view: KvView) -> float:
@@ -223,4 +163,3 @@ def _restore_score(plan: Plan, worker_id: str, program: ProgramView) -> tuple[in
     low = plan.view.config.low_watermark
     leftover = plan.ledger.room(worker_id, low) - plan.ledger.cost(worker_id, program)
     return (recompute_tokens(plan, worker_id, program), leftover, worker_id)
-

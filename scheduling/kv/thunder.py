@@ -49,7 +49,7 @@ class ThunderAgentPolicy(KvPolicy):
             return None
         # Placing only (no pauses): route must not rely on evictions not yet applied.
         plan = self._plan(view, now)
-        self._restore(plan)
+        self._restore(plan, until=program_id)
         return placements(plan.decisions).get(program_id)
 
     def weight(self, program: ProgramView, view: KvView, now: float) -> float:
@@ -97,15 +97,18 @@ class ThunderAgentPolicy(KvPolicy):
             if plan.ledger.room(worker_id, high) >= plan.ledger.cost(worker_id, program):
                 plan.place(program, worker_id, "force-resume")
 
-    def _restore(self, plan: Plan) -> None:
+    def _restore(self, plan: Plan, until: str | None = None) -> None:
+        """Place the global queue in `restore_order`; stop after program `until` (what
+        comes later in the order cannot change where, or whether, it is placed)."""
         queue = [p for p in plan.view.programs if p.status in _QUEUE]
         for program in sorted(queue, key=restore_order):
-            if program.program_id in plan.handled:
-                continue
-            worker_id = self.choose_worker(plan, program)
-            if worker_id is not None:
-                queued = program.status is ProgramStatus.QUEUED
-                plan.place(program, worker_id, "admit" if queued else "restore")
+            if program.program_id not in plan.handled:
+                worker_id = self.choose_worker(plan, program)
+                if worker_id is not None:
+                    queued = program.status is ProgramStatus.QUEUED
+                    plan.place(program, worker_id, "admit" if queued else "restore")
+            if program.program_id == until:
+                return
 
 
 def _leftover(plan: Plan, worker_id: str, program: ProgramView, watermark: float) -> float:

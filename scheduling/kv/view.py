@@ -76,6 +76,13 @@ class KvConfig:
 
     The paper sets both watermarks to 1 (the shared system prompt leaves slack);
     `low_watermark < high_watermark` opens a hysteresis window against flapping.
+
+    `force_resume_s` bounds how long a ready request waits for admission (the
+    paper has no such bound). It is a trade: when more programs want KV than fits
+    and each holds it for minutes, a bound shorter than a program's lifetime forces
+    rotation, and every forced turn recomputes a context. In the synthetic-agent
+    sweep (bench/kv.py) 30 s costs ThunderAgent and agentd 40-45% of their
+    throughput at 64-256 programs against no bound.
     """
 
     check_interval_s: float = 0.3

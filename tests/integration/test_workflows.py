@@ -1,5 +1,6 @@
 """Workflows end to end on a real daemon with a simulated engine: bundles, runs in
-sandboxes, the router and analyst examples, limits and the sandbox's file guard."""
+sandboxes, the router, analyst and software-engineering examples, limits and the
+sandbox's file guard, and the global controller migrating calls between instances."""
 
 from __future__ import annotations
 
@@ -103,6 +104,28 @@ def test_analyst_example_fans_out_and_streams_events(d: DaemonProcess) -> None:
     assert view["timings"]["duration_s"] > 0
 
 
+def test_swe_example_plans_develops_tests_and_retries(d: DaemonProcess) -> None:
+    """NALAR's software-engineering workflow: planner -> developers -> testers, failed
+    subtasks retried with the test log; agents behind generated stubs."""
+    assert register(d, "swe", read_bundle(EXAMPLES / "swe")).status_code == 201
+    view = run_to_end(d, {"workflow": "swe", "session_id": "s-swe",
+                          "args": {"request": "OAuth login", "size": 5}}, timeout=90)
+    assert view["status"] == "finished", view
+    result = view["result"]
+    # the tester fails the data model and the docs once, the user interface twice
+    assert result["attempts"] == [1, 0, 2, 0, 1] and result["retries"] == 4
+    assert result["code"].count("(attempt ") == 5 and result["requests_in_session"] == 1
+    events = trace_kinds(d, "s-swe")
+    placed = [e["data"] for e in events if e["kind"] == "future.placed"]
+    developers = {e["instance"] for e in placed if e["agent_type"] == "Developer"}
+    assert developers == {"Developer#0", "Developer#1", "Developer#2"}  # max_instances
+    assert {e["instance"] for e in placed if e["agent_type"] == "Planner"} == {"Planner#0"}
+    retried = [e for e in placed if e["agent_type"] == "Developer" and e["attempt"] > 0]
+    assert len(retried) == 4 and max(e["attempt"] for e in retried) == 2
+    testers = [e for e in placed if e["agent_type"] == "Tester"]
+    assert all(e["stage"] == 2 for e in testers)  # docs tool -> developer -> tester
+
+
 def test_bundle_errors_register_nothing(d: DaemonProcess) -> None:
     r = register(d, "broken", {"main.py": "def main():\n    return 1\n",
                                "lib/util.py": "def f(:\n"})
@@ -198,3 +221,92 @@ def test_agentctl_submit_follow(d: DaemonProcess) -> None:
     with AgentdClient(bad.url, bad.token) as client, pytest.raises(ClientError,
                                                                    match="unknown argument"):
         bad.tui_command(client, bad)
+
+
+HOL_SRC = '''import time
+
+import agentd
+
+
+@agentd.agent(min_instances=2, max_instances=2)
+class Worker:
+    def work(self, i: int, delay: float) -> int:
+        time.sleep(delay)
+        return i
+
+
+def main(n: int = 6, delay: float = 1.0, settle: float = 2.5) -> list[int]:
+    w = Worker()
+    assert w.instances == 2  # registers the agent: its local controllers report from now
+    time.sleep(settle)  # the operator installs a route meanwhile
+    futures = [w.work(i, delay) for i in range(n)]
+    return [int(f) for f in futures]
+'''
+
+
+def test_global_controller_migrates_head_of_line_calls(d: DaemonProcess) -> None:
+    """An operator routes every call to Worker#0; the head-of-line policy, running in
+    the daemon's global loop, moves queued calls to the idle Worker#1. Each call runs
+    once, results are intact, and placement, migration and every decision are traced."""
+    r = httpx.put(f"{d.url}/v1/control/policy", json={"name": "hol-migration"},
+                  headers=d.auth_headers(), timeout=10)
+    assert r.status_code == 200 and r.json()["policy"] == "hol-migration", r.text
+    try:
+        assert register(d, "hol", {"main.py": HOL_SRC}).status_code == 201
+        run = d.post("/v1/runs", json={"workflow": "hol", "session_id": "s-hol"}).json()
+        deadline = time.time() + 20
+        while not d.get(f"/v1/runs/{run['id']}/control").json()["reported"]:
+            assert time.time() < deadline, "the sandbox never reported its view"
+            time.sleep(0.1)
+        view = d.get(f"/v1/runs/{run['id']}/control").json()
+        assert sorted(i["instance_id"] for i in view["instances"]) == ["Worker#0", "Worker#1"]
+        route = {"kind": "WeightedRoute", "agent_type": "Worker", "instances": ["Worker#0"],
+                 "weights": [1.0], "reason": "test: everything to one instance"}
+        r = d.post(f"/v1/runs/{run['id']}/control/decisions", json={"decisions": [route]})
+        assert r.status_code == 200 and r.json()["results"][0]["ok"], r.text
+        bad = d.post(f"/v1/runs/{run['id']}/control/decisions",
+                     json={"decisions": [{"kind": "Teleport"}]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "decisions"
+        assert "Teleport" in bad.json()["error"]["message"]
+        refused = d.post(f"/v1/runs/{run['id']}/control/decisions",
+                         json={"decisions": [{"kind": "Kill", "instance_id": "Worker#7"}]})
+        assert refused.json()["results"][0]["reason"] == "instance 'Worker#7' is not alive"
+        deadline = time.time() + 30
+        while (final := d.get(f"/v1/runs/{run['id']}").json())["status"] not in (
+                "finished", "failed", "cancelled"):
+            assert time.time() < deadline, final
+            time.sleep(0.2)
+        assert final["status"] == "finished", final
+        assert final["result"] == list(range(6))
+    finally:
+        httpx.put(f"{d.url}/v1/control/policy", json={"name": "nalar-default"},
+                  headers=d.auth_headers(), timeout=10)
+    events = trace_kinds(d, "s-hol")
+    of = lambda kind: [e["data"] for e in events if e["kind"] == kind]  # noqa: E731
+    applied = [e for e in of("control.applied") if e["decision"] == "WeightedRoute"]
+    assert applied and applied[0]["ok"]
+    placed = {e["id"]: e for e in of("future.placed")}
+    assert len(placed) == 6 and {e["instance"] for e in placed.values()} == {"Worker#0"}
+    assert all(e["reason"] == "weighted route" for e in placed.values())
+    migrated = of("future.migrated")
+    assert migrated, [e for e in events if e["kind"].startswith(("control", "migration"))]
+    assert all((m["source"], m["destination"]) == ("Worker#0", "Worker#1") for m in migrated)
+    started = [e["id"] for e in of("future.started")]
+    assert sorted(started) == sorted(placed)  # every call ran, and exactly once
+    on_w1 = {e["id"] for e in of("future.started") if e["instance"] == "Worker#1"}
+    assert on_w1 == {m["id"] for m in migrated}
+    decisions = of("control.decision")
+    assert any(e["by"] == "hol-migration" and e["decision_kind"] == "Migrate" and e["ok"]
+               for e in decisions)
+    assert any(e["by"] == "operator" and not e["ok"] for e in decisions)
+    rows = d.get("/v1/sessions/s-hol/trace", params={"limit": 1000}).json()["data"]
+    assert {r["kind"] for r in rows} >= {"future.placed", "future.migrated", "control.decision"}
+
+
+def test_control_policy_endpoint_names_bad_input(d: DaemonProcess) -> None:
+    r = httpx.put(f"{d.url}/v1/control/policy", json={"name": "fastest"},
+                  headers=d.auth_headers(), timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "name"
+    assert "unknown control policy" in r.json()["error"]["message"]
+    status = d.get("/v1/control").json()
+    assert status["policy"] == "nalar-default" and "srtf-stage" in status["policies"]

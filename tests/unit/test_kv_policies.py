@@ -176,49 +176,9 @@ def test_agentd_restores_where_least_must_be_recomputed() -> None:
 def test_agentd_smooths_admission_bursts() -> None:
     burst = [prog(f"q{i}", Q, 10) for i in range(6)]
     v = view(*burst, used=(0,))
-    assert len(AgentdPolicy(AgentdOptions(admits_per_tick=2)).decide(v, NOW)) == 2
-    assert len(AgentdPolicy(AgentdOptions(smooth_admission=False)).decide(v, NOW)) == 6
-
-
-PATIENT = AgentdOptions(patient_force_resume=True)
-
-
-def test_agentd_patient_force_resume_marks_no_running_program() -> None:
-    # "p" waited past the 30 s timeout; w0 is full of running requests. ThunderAgent
-    # marks them and places "p" at once; the patient variant leaves them running.
-    r = prog("r", R, 900)
-    p = prog("p", P, 300, pending_request=True, ready_since=NOW - 31.0)
-    v = view(r, p, used=(0,))
-    assert ThunderAgentPolicy().decide(v, NOW) == [
-        MarkPauseAfterRequest("r", "force-resume"), Restore("p", "w0", "force-resume")]
-    assert AgentdPolicy(PATIENT).decide(v, NOW) == []
-
-
-def test_agentd_patient_force_resume_serves_overdue_before_newcomers() -> None:
-    # Room for one of them: the overdue restore goes first, oldest first, even though
-    # the newcomer is shorter and restores of paused programs would rank equal.
-    old = prog("old", P, 500, pending_request=True, ready_since=NOW - 40.0)
-    q = prog("q", Q, 100)
-    v = view(prog("r", R, 400), old, q, used=(0,))
-    assert AgentdPolicy(PATIENT).decide(v, NOW) == [Restore("old", "w0", "force-resume")]
-
-
-def test_agentd_patient_route_leaves_room_for_overdue_requests() -> None:
-    # A newcomer routed between checks must not take the room an overdue one needs;
-    # without the option the shorter newcomer goes first (shortest-first restore).
-    old = prog("old", Q, 500, ready_since=NOW - 40.0)
-    v = view(prog("r", R, 400), old, prog("q", Q, 100), used=(0,))
-    assert AgentdPolicy(PATIENT).route(v, "q", NOW) is None
-    assert AgentdPolicy(PATIENT).route(v, "old", NOW) == "w0"
-    assert AgentdPolicy().route(v, "q", NOW) == "w0"
-    assert AgentdPolicy().route(v, "old", NOW) is None
-
-
-def test_agentd_patient_room_counts_marked_programs_until_their_request_ends() -> None:
-    # "m" is marked for pause but its request still holds 600 tokens: "q" must wait.
-    v = view(prog("m", R, 600, pause_marked=True), prog("q", Q, 500), used=(0,))
-    assert AgentdPolicy(PATIENT).decide(v, NOW) == []
-    assert AgentdPolicy().decide(v, NOW) == [Admit("q", "w0")]
+    smooth = AgentdOptions(smooth_admission=True, admits_per_tick=2)
+    assert len(AgentdPolicy(smooth).decide(v, NOW)) == 2
+    assert len(AgentdPolicy().decide(v, NOW)) == 6  # off by default
 
 
 def test_migrating_a_reasoning_program_waits_for_its_request_unless_now() -> None:

@@ -6,6 +6,8 @@ import math
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scheduling.kv import (
     Admit,
@@ -20,6 +22,7 @@ from scheduling.kv import (
     WorkerView,
     decay,
 )
+from scheduling.kv.decisions import placements
 
 R, A, P, Q = (ProgramStatus.REASONING, ProgramStatus.ACTING, ProgramStatus.PAUSED,
               ProgramStatus.QUEUED)
@@ -136,3 +139,21 @@ def test_route_keeps_admitted_programs_on_their_worker() -> None:
     assert policy.route(v, "a", NOW) == "w1"
     assert policy.route(v, "q", NOW) == "w1"  # best fit: w1 already holds "a"
     assert policy.route(v, "big", NOW) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.tuples(st.sampled_from([Q, P, A, R]), st.integers(50, 600)),
+                      min_size=1, max_size=12))
+def test_route_places_as_a_full_restore_pass_would(sizes: list[tuple[ProgramStatus, int]]) -> None:
+    # route stops its restore pass at the routed program; nothing later may matter.
+    programs = [prog(f"p{i}", s, n, worker=None if s is P else f"w{i % 2}",
+                     pending_request=s is P)
+                for i, (s, n) in enumerate(sizes)]
+    v = view(*programs, caps=(900, 700))
+    policy = ThunderAgentPolicy()
+    plan = policy._plan(v, NOW)
+    policy._restore(plan)
+    full = placements(plan.decisions)
+    for p in programs:
+        if p.waiting:
+            assert policy.route(v, p.program_id, NOW) == full.get(p.program_id)

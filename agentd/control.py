@@ -1,0 +1,226 @@
+"""Agent instances in this process, each behind a local controller.
+
+Every agent call goes through `scheduling.control_cluster.Cluster`: the router places
+it (stateful session pin, installed route, weighted route, else least loaded, growing
+up to `max_instances`), the instance's local controller queues it until its
+dependencies' values have arrived (pushed as each producer finishes) and orders it by
+the installed priority, and `_pump` hands each startable call to the thread pool. An
+instance runs one call at a time. Decisions from the daemon's global controller
+(route, set_priority, migrate, kill, provision) are installed with `apply`; the
+cluster's placement / start / migration facts become runtime events.
+
+Tool calls are not placed on instances; the cluster knows them as external calls so
+that an agent call depending on one gets its value the same way.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from scheduling.control import (
+    DRIVER,
+    ControlDecision,
+    Directives,
+    FutureView,
+    InstanceView,
+    decision_from_dict,
+)
+from scheduling.control_cluster import Applied, Cluster
+
+if TYPE_CHECKING:
+    from agentd.future import Future
+    from agentd.runtime import Runtime
+
+_local = threading.local()
+
+
+def current_instance() -> str | None:
+    """The instance whose call this thread runs (None: the driver)."""
+    return getattr(_local, "instance", None)
+
+
+@dataclass
+class AgentKind:
+    cls: type
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    directives: Directives
+
+
+@dataclass
+class _Call:
+    future: Future
+    agent_type: str
+    method: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    deps: list[Future] = field(default_factory=list)
+
+
+class ControlHost:
+    def __init__(self, runtime: Runtime, session_id: str) -> None:
+        self.runtime = runtime
+        self.session_id = session_id
+        self.cluster = Cluster(grow_on_demand=True)
+        self.lock = threading.RLock()
+        self.kinds: dict[str, AgentKind] = {}
+        self._names: dict[tuple[type, str], str] = {}
+        self.objects: dict[str, Any] = {}
+        self.calls: dict[str, _Call] = {}
+
+    # --- agent types and instances -----------------------------------------------------
+
+    def agent_type(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   directives: Directives) -> str:
+        """The agent type for this class and constructor arguments, registered once;
+        its `min_instances` instances exist from then on (their objects are made at
+        their first call)."""
+        key = (cls, repr((args, sorted(kwargs.items()))))
+        with self.lock:
+            name = self._names.get(key)
+            if name is not None:
+                return name
+            taken = sum(1 for c, _ in self._names if c is cls)
+            name = cls.__name__ if not taken else f"{cls.__name__}~{taken + 1}"
+            self._names[key] = name
+            self.kinds[name] = AgentKind(cls, args, kwargs, directives)
+            self.cluster.add_agent(name, directives)
+            for _ in range(max(0, directives.min_instances)):
+                self.cluster.add_instance(name, reason="min_instances")
+            self._flush()
+            return name
+
+    def instances(self, agent_type: str) -> int:
+        with self.lock:
+            return len(self.cluster.alive(agent_type))
+
+    # --- calls ------------------------------------------------------------------------
+
+    def track_external(self, fut: Future) -> None:
+        """A call the cluster does not run (a tool): consumers get its value when done."""
+        with self.lock:
+            self.cluster.external(fut.id, self.session_id, time.time())
+        fut.add_done_callback(self._external_done)
+
+    def _external_done(self, fut: Future) -> None:
+        with self.lock:
+            self.cluster.complete(fut.id, None, fut.exception() is None, time.time())
+            self._pump()
+
+    def submit(self, fut: Future, agent_type: str, method: str, args: tuple[Any, ...],
+               kwargs: dict[str, Any], deps: list[Future], parent: str | None) -> None:
+        """Place a new agent call; `parent` is the call this one is made from, if any."""
+        with self.lock:
+            for d in deps:
+                if not self.cluster.knows(d.id):
+                    self.track_external(d)
+            self.calls[fut.id] = _Call(fut, agent_type, method, args, kwargs, deps)
+            self.cluster.create(fut.id, self.session_id, agent_type, time.time(),
+                                deps=[d.id for d in deps], creator=current_instance() or DRIVER,
+                                parent=parent,
+                                call_key=f"{method}:{_call_key(args, kwargs)}")
+            self._pump()
+
+    def _pump(self) -> None:
+        """Hand every call a free instance can start to the pool (lock held)."""
+        now = time.time()
+        for inst in self.cluster.startable():
+            started = self.cluster.start_next(inst, now)
+            if started is not None:
+                self.runtime.pool.submit(self._run, inst, started.future)
+        self._flush()
+
+    def _run(self, inst: str, view: FutureView) -> None:
+        call = self.calls.pop(view.future_id)
+        _local.instance = inst
+        try:
+            obj = self._object(inst, call.agent_type)
+            fn: Callable[..., Any] = getattr(obj, call.method)
+            ok = self.runtime.execute(call.future, call.deps, inst, fn,
+                                      inst.replace("#", "."), call.args, call.kwargs)
+        except BaseException as exc:  # the constructor raised
+            self.runtime.fail(call.future, exc, inst)
+            ok = False
+        finally:
+            _local.instance = None
+        with self.lock:
+            self.cluster.finish(inst, view.future_id, None, ok, time.time())
+            self._pump()
+
+    def _object(self, inst: str, agent_type: str) -> Any:
+        # one call at a time per instance, so no other thread builds this object
+        obj = self.objects.get(inst)
+        if obj is None:
+            kind = self.kinds[agent_type]
+            obj = self.objects[inst] = kind.cls(*kind.args, **kind.kwargs)
+        return obj
+
+    # --- the global controller's side -------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """This process's part of the global view, as JSON."""
+        with self.lock:
+            view = self.cluster.view(time.time())
+            return {"instances": [_instance_dict(i) for i in view.instances],
+                    "futures": [_future_dict(f) for f in view.futures],
+                    "agents": {n: _directives_dict(d) for n, d in view.agents.items()},
+                    "rules": {"priorities": dict(view.rules.priorities),
+                              "routes": [[s, t, i] for (s, t), i in view.rules.routes.items()],
+                              "pins": [[s, t, i] for (s, t), i in view.rules.pins.items()],
+                              "weights": [[t, list(i), list(w)]
+                                          for t, (i, w) in view.rules.weights.items()]}}
+
+    def apply(self, decisions: list[dict[str, Any]]) -> list[Applied]:
+        """Install decisions sent by the daemon; each is checked against this process's
+        current state (the daemon decided on a view that may be a moment old)."""
+        parsed: list[ControlDecision] = []
+        for data in decisions:
+            try:
+                parsed.append(decision_from_dict(data))
+            except ValueError as exc:
+                self.runtime.emit("control.applied", ok=False, detail=str(exc),
+                                  decision=str(data.get("kind")))
+        with self.lock:
+            applied = self.cluster.apply(parsed, time.time())
+            self._pump()
+        return applied
+
+    def _flush(self) -> None:
+        for e in self.cluster.take_events():
+            kind = e.pop("event")
+            self.runtime.emit(kind, **e)
+
+
+def _call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """What identifies a retry: the same method on the same subject (its first argument)
+    again in the session. The other arguments (an attempt number, the last error) are
+    what a retry changes."""
+    from agentd.future import Future
+
+    subject = args[0] if args else next(iter(sorted(kwargs.items())), None)
+    if isinstance(subject, Future):
+        return f"<future {subject.id}>"
+    return repr(subject)[:500]
+
+
+def _instance_dict(i: InstanceView) -> dict[str, Any]:
+    d = i._asdict()
+    d["state"] = i.state.value
+    return d
+
+
+def _future_dict(f: FutureView) -> dict[str, Any]:
+    d = f._asdict()
+    d["status"] = f.status.value
+    d["dependencies"], d["consumers"] = list(f.dependencies), list(f.consumers)
+    return d
+
+
+def _directives_dict(d: Directives) -> dict[str, Any]:
+    return {"stateful": d.stateful, "batchable": d.batchable, "preemptable": d.preemptable,
+            "min_instances": d.min_instances, "max_instances": d.max_instances,
+            "resources": dict(d.resources)}

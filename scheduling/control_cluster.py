@@ -1,0 +1,434 @@
+"""An in-process host for local controllers: placement, message transport, and the
+installation of global decisions. The sandbox runtime, the benchmark and the tests
+use it; it is pure (the caller passes `now`, and runs the calls `start_next` returns).
+
+Placement of a new call (the event-driven half of routing), in order:
+a stateful agent's session pin; the session's installed route; the agent type's
+weighted route; else the least-loaded live instance, growing the type up to its
+`max_instances` when `grow_on_demand` and no instance is idle. A weighted route
+picks the usable instance with the least load per unit of weight.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from scheduling.control import (
+    DRIVER,
+    ControlDecision,
+    ControlView,
+    Directives,
+    FutureStatus,
+    FutureView,
+    InstanceState,
+    InstanceView,
+    Kill,
+    Migrate,
+    Route,
+    SessionView,
+    SetPriority,
+    Validator,
+    WeightedRoute,
+    decision_to_dict,
+)
+from scheduling.control_local import LocalController, SessionKey, Started
+from scheduling.control_messages import (
+    AddConsumer,
+    Message,
+    MigrateRequest,
+    MigrateSession,
+    Submit,
+    Transfer,
+)
+from scheduling.control_rules import RuleTable
+
+EXTERNAL = "external"  # holds calls the controllers do not run (tools), until they finish
+
+
+@dataclass(frozen=True)
+class Applied:
+    decision: ControlDecision
+    ok: bool
+    detail: str = ""
+
+
+class Cluster:
+    def __init__(self, agents: dict[str, Directives] | None = None, *,
+                 grow_on_demand: bool = False, auto_pump: bool = True,
+                 record_events: bool = True, cold_start: bool = False) -> None:
+        """`cold_start`: a provisioned instance is STARTING (holding its resources, not
+        serving) until the host calls `activate`, as when it loads a model."""
+        self.rules = RuleTable()
+        self.agents: dict[str, Directives] = dict(agents or {})
+        self.grow_on_demand = grow_on_demand
+        self.auto_pump = auto_pump
+        self.record_events = record_events
+        self.cold_start = cold_start
+        self.controllers: dict[str, LocalController] = {
+            name: LocalController(name, "", self.rules, executes=False)
+            for name in (DRIVER, EXTERNAL)}
+        self.by_type: dict[str, list[LocalController]] = {}
+        self.outbox: deque[Message] = deque()
+        self.events: list[dict[str, Any]] = []
+        self._seq = 0
+        self._numbers: dict[str, int] = {}
+        self._turns: dict[SessionKey, int] = {}
+        self._attempts: dict[tuple[str, str], int] = {}
+        self._meta: dict[str, tuple[str, int, str]] = {}  # call -> (session, stage, placed on)
+        self._tally: dict[str, _Tally] = {}  # live agent calls per session
+        self._sessions: dict[str, SessionView] = {}  # the tallies as the view shows them
+        self._stale: set[str] = set()  # sessions whose SessionView is out of date
+        self._attempt_of: dict[str, int] = {}
+
+    # --- instances ----------------------------------------------------------------------
+
+    def add_agent(self, agent_type: str, directives: Directives) -> None:
+        self.agents[agent_type] = directives
+
+    def add_instance(self, agent_type: str, instance_id: str | None = None, *,
+                     node: str = "local", slots: int = 1, reason: str = "",
+                     starting: bool = False, now: float | None = None) -> LocalController:
+        directives = self.agents.setdefault(agent_type, Directives())
+        if instance_id is None:
+            n = self._numbers.get(agent_type, 0)
+            self._numbers[agent_type] = n + 1
+            instance_id = f"{agent_type}#{n}"
+        if instance_id in self.controllers:
+            raise ValueError(f"instance {instance_id!r} exists")
+        c = LocalController(instance_id, agent_type, self.rules, node=node, slots=slots,
+                            stateful=directives.stateful, now=now)
+        if starting:
+            c.state_ = InstanceState.STARTING
+        self.controllers[instance_id] = c
+        self.by_type.setdefault(agent_type, []).append(c)
+        self._event("instance.provisioned", instance=instance_id, agent_type=agent_type,
+                    node=node, reason=reason)
+        return c
+
+    def activate(self, instance_id: str) -> None:
+        """A STARTING instance is ready to serve."""
+        c = self.controllers[instance_id]
+        if c.state_ is InstanceState.STARTING:
+            c.state_ = InstanceState.ACTIVE
+            self._event("instance.active", instance=instance_id)
+
+    def alive(self, agent_type: str) -> list[LocalController]:
+        return [c for c in self.by_type.get(agent_type, ()) if c.state_ is InstanceState.ACTIVE]
+
+    def _load(self, instance_id: str) -> int:
+        return self.controllers[instance_id].load
+
+    def _usable(self, instance_id: str) -> bool:
+        c = self.controllers.get(instance_id)
+        return c is not None and c.state_ is InstanceState.ACTIVE
+
+    # --- placement and creation (the per-call path) -----------------------------------
+
+    def place(self, agent_type: str, session_id: str) -> tuple[str, str]:
+        key = (session_id, agent_type)
+        if self.agents[agent_type].stateful:
+            pinned = self.rules.pins.get(key)
+            if pinned is not None and self._usable(pinned):
+                return pinned, "stateful session pin"
+            chosen = self._least_loaded(agent_type)
+            self.rules.pins[key] = chosen
+            return chosen, "stateful: pinned to the least loaded"
+        routed = self.rules.routes.get(key)
+        if routed is not None and self._usable(routed):
+            return routed, "session route"
+        weighted = self.rules.weighted(agent_type, self._usable, self._load)
+        if weighted is not None:
+            return weighted, "weighted route"
+        return self._least_loaded(agent_type), "least loaded"
+
+    def _least_loaded(self, agent_type: str) -> str:
+        best: LocalController | None = None
+        best_load = alive = 0
+        active = InstanceState.ACTIVE
+        for c in self.by_type.get(agent_type, ()):
+            if c.state_ is active:
+                alive += 1
+                n = len(c.held)
+                if best is None or n < best_load:
+                    best, best_load = c, n
+        grow = self.grow_on_demand and alive < self.agents[agent_type].max_instances
+        if best is None or (grow and best_load > 0):
+            best = self.add_instance(agent_type, reason="on demand")
+        return best.id
+
+    def create(self, fid: str, session_id: str, agent_type: str, now: float, *,
+               deps: Sequence[str] = (), creator: str = DRIVER, parent: str | None = None,
+               call_key: str | None = None, stage: int | None = None) -> str:
+        """A new agent call: place it, hand it to its executor, register it as the
+        consumer of each dependency. Returns the executor. `stage` defaults to one past
+        the deepest of its dependencies and its parent call."""
+        directives = self.agents.setdefault(agent_type, Directives())
+        instance, reason = self.place(agent_type, session_id)
+        if stage is None:
+            stages = [self._meta[d][1] for d in deps if d in self._meta]
+            if parent is not None and parent in self._meta:
+                stages.append(self._meta[parent][1])
+            stage = 1 + max(stages) if stages else 0
+        attempt = 0
+        if call_key is not None:
+            attempt = self._attempts.get((session_id, call_key), 0)
+            self._attempts[(session_id, call_key)] = attempt + 1
+        turn = None
+        if directives.stateful:
+            turn = self._turns.get((session_id, agent_type), 0)
+            self._turns[(session_id, agent_type)] = turn + 1
+        self._seq += 1
+        view = FutureView(fid, session_id, agent_type, instance, FutureStatus.WAITING, now,
+                          self._seq, creator, tuple(deps), (), stage, attempt, turn)
+        self._meta[fid] = (session_id, stage, instance)
+        self._retally(session_id, stage, attempt, 1)
+        self._attempt_of[fid] = attempt
+        if self.record_events:
+            self._event("future.placed", id=fid, session_id=session_id, agent_type=agent_type,
+                        instance=instance, reason=reason, stage=stage, attempt=attempt)
+        if not deps:
+            self.send((Submit(instance, view, ()),), now)
+            return instance
+        dep_at = tuple((d, self._locate(creator, d)) for d in deps)
+        self.send([Submit(instance, view, dep_at),
+                   *(AddConsumer(loc, d, fid, instance) for d, loc in dep_at)], now)
+        return instance
+
+    def _locate(self, creator: str, dep: str) -> str:
+        known = self.controllers[creator].directory.get(dep) if creator in self.controllers \
+            else None
+        if known is not None:
+            return known
+        meta = self._meta.get(dep)
+        return meta[2] if meta is not None else EXTERNAL
+
+    def knows(self, fid: str) -> bool:
+        return fid in self._meta
+
+    def external(self, fid: str, session_id: str, now: float) -> None:
+        """A call the controllers do not run (a tool): its value comes from `complete`."""
+        self._meta[fid] = (session_id, 0, EXTERNAL)
+        view = FutureView(fid, session_id, "", EXTERNAL, FutureStatus.RUNNING, now)
+        self.send(self.controllers[EXTERNAL].hold_running(view, now), now)
+
+    def complete(self, fid: str, value: object, ok: bool, now: float) -> None:
+        self.send(self.controllers[EXTERNAL].finish(fid, value, ok, now), now)
+
+    # --- running ------------------------------------------------------------------------
+
+    def start_next(self, instance_id: str, now: float) -> Started | None:
+        started = self.controllers[instance_id].start_next(now)
+        if started is not None and self.record_events:
+            self._event("future.started", id=started.future.future_id, instance=instance_id,
+                        session_id=started.future.session_id)
+        return started
+
+    def startable(self) -> list[str]:
+        return [c.id for cs in self.by_type.values() for c in cs if c.has_startable()]
+
+    def finish(self, instance_id: str, fid: str, value: object, ok: bool, now: float) -> None:
+        c = self.controllers[instance_id]
+        self.send(c.finish(fid, value, ok, now), now)
+        meta = self._meta.get(fid)
+        if meta is not None:
+            self._retally(meta[0], meta[1], self._attempt_of.pop(fid, 0), -1)
+        self._reap(c)
+
+    # --- transport ----------------------------------------------------------------------
+
+    def send(self, messages: Iterable[Message], now: float) -> None:
+        self.outbox.extend(messages)
+        if self.auto_pump:
+            self.pump(now)
+
+    def pump(self, now: float) -> None:
+        while self.outbox:
+            self.deliver(self.outbox.popleft(), now)
+
+    def deliver(self, m: Message, now: float) -> None:
+        c = self.controllers[m.to]
+        out = c.handle(m, now)
+        if not out and not c.refused and c.state_ is InstanceState.ACTIVE:
+            return  # the common case, kept short: nothing to log, forward or reap
+        for o in out:
+            if isinstance(o, Transfer):
+                self._event("future.migrated", id=o.future.future_id, source=c.id,
+                            destination=o.to, session_id=o.future.session_id)
+        while c.refused:
+            fid, why = c.refused.pop()
+            self._event("migration.refused", id=fid, instance=c.id, reason=why)
+        if c.state_ is not InstanceState.ACTIVE and isinstance(m, Submit | Transfer) \
+                and m.future.future_id in c.held and self.alive(c.agent_type):
+            # placed or moved here before the kill: pass it on to a live instance
+            target = self.place(c.agent_type, m.future.session_id)[0]
+            out.append(MigrateRequest(c.id, m.future.future_id, target))
+        self.outbox.extend(out)
+        self._reap(c)
+
+    def deliver_at(self, index: int, now: float) -> None:
+        """Deliver the index-th message in flight (tests: any delivery order)."""
+        m = self.outbox[index]
+        del self.outbox[index]
+        self.deliver(m, now)
+
+    # --- installing decisions -------------------------------------------------------------
+
+    def apply(self, decisions: Iterable[ControlDecision], now: float,
+              validate: bool = True) -> list[Applied]:
+        checker = Validator(self.brief_view()) if validate else None
+        done: list[Applied] = []
+        reorder: set[str] = set()
+        for d in decisions:
+            problem = checker.check(d) if checker is not None else None
+            if problem is None:
+                problem = self._apply_one(d, now, reorder)
+            done.append(Applied(d, problem is None, problem or ""))
+            fields = decision_to_dict(d)
+            self._event("control.applied", decision=fields.pop("kind"), ok=problem is None,
+                        detail=problem or "", **fields)
+        if reorder:
+            for cs in self.by_type.values():
+                for c in cs:
+                    c.reprioritize(reorder)
+        return done
+
+    def _apply_one(self, d: ControlDecision, now: float, reorder: set[str]) -> str | None:
+        # `now` also dates a provisioned instance's utilisation history
+        if isinstance(d, Route | WeightedRoute | SetPriority):
+            session = self.rules.install(d)
+            if session is not None:
+                reorder.add(session)
+            return None
+        if isinstance(d, Migrate):
+            return self._migrate(d, now)
+        if isinstance(d, Kill):
+            return self._kill(d, now)
+        self.add_instance(d.agent_type, node=d.node or "local", reason=d.reason or "provision",
+                          starting=self.cold_start, now=now)
+        return None
+
+    def _migrate(self, d: Migrate, now: float) -> str | None:
+        src = self.controllers[d.source]
+        key = (d.session_id, src.agent_type)
+        holder = self.rules.routes.get(key)
+        if d.future_id is not None:
+            if holder is not None:
+                return f"session {d.session_id} keeps its state on {holder}: move it whole"
+            self.send([MigrateRequest(d.source, d.future_id, d.destination)], now)
+            return None
+        if holder is not None and holder != d.source:
+            return f"session {d.session_id}'s state is on {holder}, not {d.source}"
+        if any(c.expecting(key) for c in self.by_type.get(src.agent_type, ())):
+            return "this session's state is still moving from an earlier migration"
+        with_state = holder is not None or key in src.state
+        if with_state:
+            if holder is not None:
+                self.rules.routes[key] = d.destination
+            self.controllers[d.destination].expect(key)
+        self.send([MigrateSession(d.source, d.session_id, src.agent_type, d.destination,
+                                  with_state)], now)
+        return None
+
+    def _kill(self, d: Kill, now: float) -> str | None:
+        """Drain: no new calls; queued calls move to live instances; dies when empty.
+        An instance holding a session's state is refused: migrate the session first."""
+        c = self.controllers[d.instance_id]
+        routed = {s for (s, t), i in self.rules.routes.items() if i == c.id}
+        routed |= {s for (s, _) in c.state}
+        if routed:
+            return f"{c.id} holds the state of session {min(routed)}: migrate it first"
+        c.state_ = InstanceState.DRAINING
+        self.rules.forget_instance(c.id)
+        self._event("instance.killed", instance=c.id, reason=d.reason)
+        movable = [h.view for h in c.held.values()
+                   if h.view.status in (FutureStatus.WAITING, FutureStatus.QUEUED)]
+        if movable and self.alive(c.agent_type):
+            self.send([MigrateRequest(c.id, v.future_id, self.place(c.agent_type, v.session_id)[0])
+                       for v in movable], now)
+        self._reap(c)
+        return None
+
+    def _reap(self, c: LocalController) -> None:
+        if c.state_ is InstanceState.DRAINING and not c.held:
+            c.state_ = InstanceState.DEAD
+            self.by_type[c.agent_type].remove(c)
+            self._event("instance.dead", instance=c.id)
+
+    # --- views --------------------------------------------------------------------------
+
+    def view(self, now: float | None = None) -> ControlView:
+        futures: list[FutureView] = []
+        instances = [c.snapshot(futures, now) for cs in self.by_type.values() for c in cs]
+        return ControlView(futures, instances, self.agents, self.rules.snapshot(),
+                           self._session_views().values())
+
+    def brief_view(self) -> ControlView:
+        """Instances without their calls: enough to validate a decision."""
+        instances = [InstanceView(c.id, c.agent_type, c.node, c.state_, c.slots,
+                                  running=len(c.running))
+                     for cs in self.by_type.values() for c in cs]
+        return ControlView((), instances, self.agents, self.rules.snapshot())
+
+    def forget_session(self, session_id: str) -> None:
+        self.rules.forget_session(session_id)
+        for c in self.controllers.values():
+            c.forget_session(session_id)
+        for table in (self._turns, self._attempts):
+            for key in [k for k in table if k[0] == session_id]:
+                del table[key]
+        for fid in [f for f, meta in self._meta.items() if meta[0] == session_id]:
+            del self._meta[fid]
+            self._attempt_of.pop(fid, None)
+        self._tally.pop(session_id, None)
+        self._sessions.pop(session_id, None)
+        self._stale.discard(session_id)
+
+    def _retally(self, session_id: str, stage: int, attempt: int, delta: int) -> None:
+        t = self._tally.get(session_id)
+        if t is None:
+            t = self._tally[session_id] = _Tally()
+        t.change(stage, attempt, delta)
+        self._stale.add(session_id)
+
+    def _session_views(self) -> dict[str, SessionView]:
+        for s in self._stale:
+            t = self._tally.get(s)
+            if t is not None and t.live:
+                self._sessions[s] = SessionView(s, t.live, max(t.stages), max(t.attempts))
+            else:
+                self._sessions.pop(s, None)
+        self._stale.clear()
+        return self._sessions
+
+    def _event(self, kind: str, **data: Any) -> None:
+        if self.record_events:
+            self.events.append({"event": kind, **data})
+
+    def take_events(self) -> list[dict[str, Any]]:
+        events, self.events = self.events, []
+        return events
+
+
+class _Tally:
+    """Live calls of one session, counted per stage and per attempt."""
+
+    __slots__ = ("attempts", "live", "stages")
+
+    def __init__(self) -> None:
+        self.live = 0
+        self.stages: dict[int, int] = {}
+        self.attempts: dict[int, int] = {}
+
+    def change(self, stage: int, attempt: int, delta: int) -> None:
+        self.live += delta
+        for table, key in ((self.stages, stage), (self.attempts, attempt)):
+            n = table.get(key, 0) + delta
+            if n:
+                table[key] = n
+            else:
+                del table[key]
+
+

@@ -1,0 +1,539 @@
+"""The component-level (local) controller of one agent instance: event-driven.
+
+It holds the calls placed on its instance, orders the ready ones by the installed
+priority (then creation order; a stateful agent's calls of one session by turn), runs
+at most `slots` at a time, pushes each finished call's value to its consumers, and
+keeps the metrics the global controller reads. Per call it does a few dict operations
+and one heap push/pop; installing a priority re-keys only that session's queued calls.
+
+Migration (NALAR Fig. 8), driven by messages so that no step needs a global lock:
+1. the source takes the call off its queue (MIGRATING); a call that started is refused;
+2. for each dependency value not yet here it asks the producer to redirect it to the
+   destination, or, if it was already sent, waits for it to arrive;
+3. then it tells the creator the executor changed, and
+4. sends the call with the values it holds to the destination (Transfer), leaving a
+   forwarding pointer for messages still on their way;
+5. a session migration also moves the session's state, once none of the session's
+   calls runs at the source; the destination holds the session's calls until then;
+6. the destination activates the call: queued once every value is there.
+A call is only ever queued on the one controller that holds it, so it runs once.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+from scheduling.control import FutureStatus, FutureView, InstanceState, InstanceView
+from scheduling.control_messages import (
+    AddConsumer,
+    DepValue,
+    ExecutorChanged,
+    Message,
+    MigrateRequest,
+    MigrateSession,
+    Redirect,
+    RedirectReply,
+    StateTransfer,
+    Submit,
+    Transfer,
+    Value,
+)
+from scheduling.control_rules import RuleTable
+
+WAITING, QUEUED, RUNNING = FutureStatus.WAITING, FutureStatus.QUEUED, FutureStatus.RUNNING
+MIGRATING = FutureStatus.MIGRATING
+_STATUS = FutureView._fields.index("status")
+_QUEUED_AT = FutureView._fields.index("queued_at")
+_STARTED_AT = FutureView._fields.index("started_at")
+EWMA = 0.2
+UTIL_TAU_S = 30.0  # time constant of the utilisation metric
+SessionKey = tuple[str, str]  # (session id, agent type)
+Where = tuple[str, int]  # (instance, the consumer's hop there)
+
+
+class Started(NamedTuple):
+    future: FutureView
+    values: dict[str, tuple[object, bool]]
+
+
+class _Held:
+    __slots__ = ("consumers", "dep_at", "destination", "missing", "notes", "redirected",
+                 "replies", "values", "version", "view")
+
+    def __init__(self, view: FutureView, missing: set[str], values: dict[str, tuple[object, bool]],
+                 dep_at: dict[str, str], consumers: dict[str, Where],
+                 notes: dict[str, Where]) -> None:
+        self.view = view
+        self.missing = missing
+        self.values = values
+        self.dep_at = dep_at
+        self.consumers = consumers  # consumer call -> where (and at which hop) it runs
+        self.notes = notes  # redirects that came before the consumer's registration
+        self.version = 0
+        self.destination: str | None = None
+        self.replies: set[str] = set()
+        self.redirected: set[str] = set()
+
+
+class _Done:
+    __slots__ = ("consumers", "notes", "ok", "session_id", "value")
+
+    def __init__(self, value: object, ok: bool, consumers: dict[str, Where],
+                 notes: dict[str, Where], session_id: str) -> None:
+        self.value, self.ok, self.session_id = value, ok, session_id
+        self.consumers, self.notes = consumers, notes
+
+
+class LocalController:
+    def __init__(self, instance_id: str, agent_type: str, rules: RuleTable, *,
+                 node: str = "local", slots: int = 1, stateful: bool = False,
+                 executes: bool = True, now: float | None = None) -> None:
+        self.id, self.agent_type, self.rules = instance_id, agent_type, rules
+        self.node, self.slots, self.stateful, self.executes = node, slots, stateful, executes
+        self.state_ = InstanceState.ACTIVE
+        self.held: dict[str, _Held] = {}
+        self.views: dict[str, FutureView] = {}  # held calls' views: a snapshot copies this
+        self.done: dict[str, _Done] = {}
+        self.moved: dict[str, tuple[str, str, int]] = {}  # call -> (to, session, hop it left)
+        self.stash: dict[str, list[Message]] = {}  # messages about calls not here yet
+        self.running: set[str] = set()
+        self.directory: dict[str, str] = {}  # creator role: where my calls execute
+        self.results: dict[str, tuple[object, bool]] = {}  # creator role
+        self.state: dict[SessionKey, object] = {}
+        self.refused: list[tuple[str, str]] = []
+        self.forwarded = 0
+        self.values_forwarded = 0  # stays 0 when migration waits for in-flight values
+        self.completed = 0
+        self.mean_service_s = 0.0
+        self.mean_wait_s = 0.0
+        # an instance counts as fully used until it has a history, so that a policy
+        # does not reclaim what was provisioned a moment ago
+        self._util = 1.0
+        self._util_at: float | None = now
+        self._queue: list[tuple[float, int, int, str]] = []
+        self._arrivals: deque[tuple[float, str]] = deque()  # (queued at, call): the oldest
+        self._queued: dict[str, set[str]] = {}  # session -> its queued calls here
+        self._n_queued = 0
+        self._n_parked = 0
+        self._next_turn: dict[SessionKey, int] = {}
+        self._parked: dict[SessionKey, dict[int, str]] = {}
+        self._expecting: dict[SessionKey, list[str]] = {}  # held until the state arrives
+        self._departed: dict[SessionKey, tuple[str, bool]] = {}
+        self._running_of: dict[SessionKey, int] = {}
+        self._handlers: dict[type, Callable[[Any, float], list[Message]]] = {
+            Submit: self._submit, AddConsumer: self._add_consumer, Value: self._value,
+            MigrateRequest: self._migrate_request, MigrateSession: self._migrate_session,
+            Redirect: self._redirect, RedirectReply: self._redirect_reply,
+            ExecutorChanged: self._executor_changed, Transfer: self._transfer,
+            StateTransfer: self._state_transfer,
+        }
+
+    @property
+    def load(self) -> int:
+        return len(self.held)
+
+    def handle(self, m: Message, now: float) -> list[Message]:
+        return self._handlers[type(m)](m, now)
+
+    # --- intake -----------------------------------------------------------------------
+
+    def _submit(self, m: Submit, now: float) -> list[Message]:
+        f = m.future
+        if f.executor != self.id or f.status is not WAITING:
+            f = f._replace(executor=self.id, status=WAITING)
+        h = _Held(f, set(f.dependencies), {}, dict(m.dep_at), {}, {})
+        return self._arrive(h, now)
+
+    def _transfer(self, m: Transfer, now: float) -> list[Message]:
+        h = _Held(m.future._replace(executor=self.id, status=WAITING), set(m.pending),
+                  {dep: (value, ok) for dep, value, ok in m.values}, dict(m.dep_at),
+                  dict(m.consumers), dict(m.notes))
+        return self._arrive(h, now)
+
+    def _arrive(self, h: _Held, now: float) -> list[Message]:
+        fid = h.view.future_id
+        self.held[fid] = h
+        self.views[fid] = h.view
+        self.moved.pop(fid, None)  # back again
+        key = (h.view.session_id, h.view.agent_type)
+        out: list[Message] = []
+        departed = self._departed.get(key)
+        if departed is not None and not self.stateful:
+            out += self._begin_migration(h, departed[0])  # the session left: follow it
+        elif key in self._expecting:
+            self._expecting[key].append(fid)
+        for early in self.stash.pop(fid, ()):
+            out += self.handle(early, now)
+        if fid in self.held:
+            out += self._maybe_ready(h, now)
+        return out
+
+    def hold_running(self, view: FutureView, now: float) -> list[Message]:
+        """A call run outside the controllers (a tool); `finish` pushes its value."""
+        fid = view.future_id
+        self.held[fid] = _Held(view, set(), {}, {}, {}, {})
+        self.views[fid] = view
+        self.running.add(fid)
+        key = (view.session_id, view.agent_type)
+        self._running_of[key] = self._running_of.get(key, 0) + 1
+        out: list[Message] = []
+        for early in self.stash.pop(fid, ()):
+            out += self.handle(early, now)
+        return out
+
+    def expect(self, key: SessionKey) -> None:
+        """Host, installing a session migration here: hold its calls until its state."""
+        self._expecting.setdefault(key, [])
+        self._departed.pop(key, None)
+
+    def expecting(self, key: SessionKey) -> bool:
+        return key in self._expecting
+
+    # --- readiness and the queue --------------------------------------------------------
+
+    def _maybe_ready(self, h: _Held, now: float) -> list[Message]:
+        v = h.view
+        if v.status is not WAITING or h.missing or (v.session_id, v.agent_type) in self._expecting:
+            return []
+        self._set(h, _with(v, QUEUED, _QUEUED_AT, now))
+        self._arrivals.append((now, v.future_id))
+        self._enqueue(h)
+        return []
+
+    def _set(self, h: _Held, view: FutureView) -> None:
+        h.view = view
+        self.views[view.future_id] = view
+
+    def _enqueue(self, h: _Held) -> None:
+        v = h.view
+        if self.stateful and v.turn is not None:
+            key = (v.session_id, v.agent_type)
+            if v.turn != self._next_turn.get(key, 0):
+                self._parked.setdefault(key, {})[v.turn] = v.future_id
+                self._n_parked += 1
+                return
+        self._push(h)
+
+    def _push(self, h: _Held) -> None:
+        v = h.view
+        h.version += 1
+        prio = self.rules.priority(v.session_id, v.agent_type)
+        heapq.heappush(self._queue, (-prio, v.seq, h.version, v.future_id))
+        mine = self._queued.get(v.session_id)
+        if mine is None:
+            mine = self._queued[v.session_id] = set()
+        if v.future_id not in mine:
+            mine.add(v.future_id)
+            self._n_queued += 1
+
+    def reprioritize(self, sessions: Iterable[str]) -> int:
+        """Re-key the queued calls of `sessions` after a priority was installed."""
+        if not isinstance(sessions, set | frozenset | dict):
+            sessions = set(sessions)
+        mine = self._queued
+        hit = [s for s in mine if s in sessions] if len(mine) < len(sessions) else \
+            [s for s in sessions if s in mine]
+        moved = 0
+        for s in hit:
+            for fid in list(mine[s]):
+                self._push(self.held[fid])
+                moved += 1
+        return moved
+
+    def sessions_queued(self) -> set[str]:
+        return set(self._queued)
+
+    def start_next(self, now: float) -> Started | None:
+        """The next call to run, if a slot is free; the host runs it, then `finish`."""
+        if not self.executes or len(self.running) >= self.slots:
+            return None
+        while self._queue:
+            entry = heapq.heappop(self._queue)
+            if self._stale(entry):
+                continue
+            self._decay(now)
+            fid = entry[3]
+            h = self.held[fid]
+            self._unqueue(h)
+            v = h.view
+            self._set(h, _with(v, RUNNING, _STARTED_AT, now))
+            self.running.add(fid)
+            key = (v.session_id, v.agent_type)
+            self._running_of[key] = self._running_of.get(key, 0) + 1
+            waited = now - (v.queued_at if v.queued_at is not None else now)
+            self.mean_wait_s += EWMA * (waited - self.mean_wait_s)
+            return Started(h.view, dict(h.values))
+        return None
+
+    def has_startable(self) -> bool:
+        if not self.executes or len(self.running) >= self.slots:
+            return False
+        while self._queue and self._stale(self._queue[0]):
+            heapq.heappop(self._queue)
+        return bool(self._queue)
+
+    def _stale(self, entry: tuple[float, int, int, str]) -> bool:
+        h = self.held.get(entry[3])
+        return h is None or h.version != entry[2] or h.view.status is not QUEUED
+
+    def _unqueue(self, h: _Held) -> None:
+        s = h.view.session_id
+        mine = self._queued.get(s)
+        if mine is not None and h.view.future_id in mine:
+            mine.discard(h.view.future_id)
+            self._n_queued -= 1
+            if not mine:
+                del self._queued[s]
+
+    def finish(self, fid: str, value: object, ok: bool, now: float) -> list[Message]:
+        """The call ran (ok) or raised; push its value to its consumers and creator."""
+        if fid not in self.running:
+            raise ValueError(f"{fid} is not running on {self.id}")
+        self._decay(now)
+        h = self.held.pop(fid)
+        del self.views[fid]
+        self.running.discard(fid)
+        v = h.view
+        self.done[fid] = _Done(value, ok, h.consumers, h.notes, v.session_id)
+        out: list[Message] = [Value(loc, fid, c, value, ok, hop)
+                              for c, (loc, hop) in h.consumers.items()]
+        out.append(Value(v.creator, fid, None, value, ok))
+        self.completed += 1
+        if v.started_at is not None:
+            self.mean_service_s += EWMA * (now - v.started_at - self.mean_service_s)
+        key = (v.session_id, v.agent_type)
+        self._running_of[key] -= 1
+        if self.stateful and v.turn is not None:
+            self._advance_turn(key, v.turn)
+        departed = self._departed.get(key)
+        if departed is not None and departed[1] and not self._running_of[key]:
+            out.append(self._send_state(key, departed[0]))
+        return out
+
+    def _advance_turn(self, key: SessionKey, turn: int) -> None:
+        self._next_turn[key] = turn + 1
+        parked = self._parked.get(key)
+        if parked and (turn + 1) in parked:
+            self._n_parked -= 1
+            self._push(self.held[parked.pop(turn + 1)])
+
+    # --- dependency values (push-based readiness) -----------------------------------
+
+    def _add_consumer(self, m: AddConsumer, now: float) -> list[Message]:
+        h = self.held.get(m.dep)
+        if h is not None:
+            h.consumers[m.consumer] = h.notes.pop(m.consumer, (m.at, 0))
+            self._set(h, h.view._replace(consumers=(*h.view.consumers, m.consumer)))
+            return []
+        d = self.done.get(m.dep)
+        if d is not None:
+            loc, hop = d.notes.pop(m.consumer, (m.at, 0))
+            d.consumers[m.consumer] = (loc, hop)
+            return [Value(loc, m.dep, m.consumer, d.value, d.ok, hop)]
+        return self._elsewhere(m.dep, m, AddConsumer(self._pointer(m.dep), m.dep, m.consumer,
+                                                      m.at))
+
+    def _value(self, m: Value, now: float) -> list[Message]:
+        if m.consumer is None:
+            self.results[m.dep] = (m.value, m.ok)
+            return []
+        h = self.held.get(m.consumer)
+        if h is None:
+            left = self.moved.get(m.consumer)
+            if left is not None and m.hops > left[2]:
+                self.stash.setdefault(m.consumer, []).append(m)  # it is coming back here
+                return []
+            self.values_forwarded += left is not None
+            return self._elsewhere(m.consumer, m, Value(self._pointer(m.consumer), m.dep,
+                                                        m.consumer, m.value, m.ok, m.hops))
+        if m.dep not in h.missing:
+            raise RuntimeError(f"{m.consumer} got the value of {m.dep} twice on {self.id}")
+        h.missing.discard(m.dep)
+        h.values[m.dep] = (m.value, m.ok)
+        if h.view.status is MIGRATING:
+            return self._try_finish_migration(h)
+        return self._maybe_ready(h, now)
+
+    def _pointer(self, fid: str) -> str:
+        moved = self.moved.get(fid)
+        return moved[0] if moved is not None else self.id
+
+    def _elsewhere(self, fid: str, m: Message, forwarded: Message) -> list[Message]:
+        """A message about a call that left (forward it) or has not arrived (keep it)."""
+        if fid in self.moved:
+            self.forwarded += 1
+            return [forwarded]
+        self.stash.setdefault(fid, []).append(m)
+        return []
+
+    def _executor_changed(self, m: ExecutorChanged, now: float) -> list[Message]:
+        self.directory[m.future_id] = m.executor
+        return []
+
+    # --- migration --------------------------------------------------------------------
+
+    def _migrate_request(self, m: MigrateRequest, now: float) -> list[Message]:
+        h = self.held.get(m.future_id)
+        reason = self._cannot_move(h, m.destination)
+        if reason is not None or h is None:
+            self.refused.append((m.future_id, reason or "not here"))
+            return []
+        return self._begin_migration(h, m.destination)
+
+    def _cannot_move(self, h: _Held | None, destination: str) -> str | None:
+        if h is None:
+            return "not here (finished, or moved on)"
+        if self.stateful:
+            return "stateful agent"
+        if h.view.status not in (WAITING, QUEUED):
+            return f"already {h.view.status.value}"
+        if destination == self.id:
+            return "already here"
+        return None
+
+    def _migrate_session(self, m: MigrateSession, now: float) -> list[Message]:
+        key = (m.session_id, m.agent_type)
+        if m.with_state:
+            # later arrivals follow the state; without state they were placed freely
+            self._departed[key] = (m.destination, True)
+        out: list[Message] = []
+        for h in [h for h in self.held.values() if (h.view.session_id, h.view.agent_type) == key]:
+            if self._cannot_move(h, m.destination) is None:
+                out += self._begin_migration(h, m.destination)
+        if m.with_state and not self._running_of.get(key) and key not in self._expecting:
+            out.append(self._send_state(key, m.destination))
+        return out
+
+    def _send_state(self, key: SessionKey, destination: str) -> StateTransfer:
+        has = key in self.state
+        return StateTransfer(destination, key[0], key[1], self.state.pop(key, None), has)
+
+    def _state_transfer(self, m: StateTransfer, now: float) -> list[Message]:
+        key = (m.session_id, m.agent_type)
+        held = self._expecting.pop(key, [])
+        departed = self._departed.get(key)
+        if departed is not None:
+            return [StateTransfer(departed[0], m.session_id, m.agent_type, m.state, m.has_state)]
+        if m.has_state:
+            self.state[key] = m.state
+        out: list[Message] = []
+        for fid in held:
+            h = self.held.get(fid)
+            if h is not None:
+                out += self._maybe_ready(h, now)
+        return out
+
+    def _begin_migration(self, h: _Held, destination: str) -> list[Message]:
+        v = h.view
+        if v.status is QUEUED:
+            self._unqueue(h)
+        h.version += 1  # its heap entry, if any, is now stale
+        key = (v.session_id, v.agent_type)
+        waiting = self._expecting.get(key)
+        if waiting is not None and v.future_id in waiting:
+            waiting.remove(v.future_id)
+        self._set(h, v._replace(status=MIGRATING))
+        h.destination = destination
+        h.replies = set(h.missing)
+        return [Redirect(h.dep_at.get(dep, self.id), dep, v.future_id, destination, self.id,
+                         v.hops + 1) for dep in h.missing] + self._try_finish_migration(h)
+
+    def _redirect(self, m: Redirect, now: float) -> list[Message]:
+        h = self.held.get(m.dep)
+        target = (m.destination, m.hops)
+        if h is not None:
+            if m.consumer in h.consumers:
+                h.consumers[m.consumer] = target
+            else:
+                h.notes[m.consumer] = target
+            return [RedirectReply(m.reply_to, m.dep, m.consumer, True)]
+        d = self.done.get(m.dep)
+        if d is not None:
+            if m.consumer in d.consumers:
+                return [RedirectReply(m.reply_to, m.dep, m.consumer, False)]
+            d.notes[m.consumer] = target
+            return [RedirectReply(m.reply_to, m.dep, m.consumer, True)]
+        return self._elsewhere(m.dep, m, Redirect(self._pointer(m.dep), m.dep, m.consumer,
+                                                  m.destination, m.reply_to, m.hops))
+
+    def _redirect_reply(self, m: RedirectReply, now: float) -> list[Message]:
+        h = self.held[m.consumer]  # a migrating call stays until every reply came back
+        h.replies.discard(m.dep)
+        if m.redirected and m.dep in h.missing:
+            h.redirected.add(m.dep)
+        return self._try_finish_migration(h)
+
+    def _try_finish_migration(self, h: _Held) -> list[Message]:
+        if h.replies or not h.missing <= h.redirected or h.destination is None:
+            return []
+        v = h.view
+        del self.held[v.future_id]
+        del self.views[v.future_id]
+        self.moved[v.future_id] = (h.destination, v.session_id, v.hops)
+        moved = v._replace(executor=h.destination, status=WAITING, queued_at=None,
+                           hops=v.hops + 1)
+        values: tuple[DepValue, ...] = tuple((d, val, ok) for d, (val, ok) in h.values.items())
+        return [ExecutorChanged(v.creator, v.future_id, h.destination),
+                Transfer(h.destination, moved, values, tuple(h.missing),
+                         tuple(h.dep_at.items()), tuple(h.consumers.items()),
+                         tuple(h.notes.items()))]
+
+    # --- the view -----------------------------------------------------------------------
+
+    def _decay(self, now: float) -> None:
+        """Fold the time since the last event into the utilisation: an exponentially
+        weighted average of the running fraction over time."""
+        if self._util_at is not None and now > self._util_at:
+            keep = math.exp(-(now - self._util_at) / UTIL_TAU_S)
+            busy = min(1.0, len(self.running) / self.slots)
+            self._util = self._util * keep + busy * (1 - keep)
+        self._util_at = now if self._util_at is None else max(now, self._util_at)
+
+    def snapshot(self, out: list[FutureView], now: float | None = None) -> InstanceView:
+        """Appends this instance's live calls to `out`; returns its metrics. Costs a
+        copy of the views, not a pass over them: the counters are kept as calls move."""
+        out.extend(self.views.values())
+        if now is not None:
+            self._decay(now)
+        queued = self._n_queued + self._n_parked
+        return InstanceView(self.id, self.agent_type, self.node, self.state_, self.slots,
+                            queued, len(self.held) - queued - len(self.running),
+                            len(self.running), self.completed, self.mean_service_s,
+                            self.mean_wait_s, self._oldest_queued(), self._util)
+
+    def _oldest_queued(self) -> float | None:
+        arrivals = self._arrivals
+        while arrivals:
+            at, fid = arrivals[0]
+            h = self.held.get(fid)
+            if h is not None and h.view.status is QUEUED and h.view.queued_at == at:
+                return at
+            arrivals.popleft()
+        return None
+
+    def forget_session(self, session_id: str) -> None:
+        """The session ended: drop what it left behind here."""
+        for table in (self.done, self.moved):
+            for fid in [f for f, rec in table.items() if _session_of(rec) == session_id]:
+                del table[fid]
+        for keyed in (self.state, self._next_turn, self._parked, self._departed,
+                      self._running_of):
+            for key in [k for k in keyed if k[0] == session_id]:
+                del keyed[key]
+
+
+def _with(v: FutureView, status: FutureStatus, at_index: int, at: float) -> FutureView:
+    """`v` with a new status and one timestamp: positional, several times faster than
+    NamedTuple._replace on the per-call path."""
+    fields = list(v)
+    fields[_STATUS] = status
+    fields[at_index] = at
+    return tuple.__new__(FutureView, fields)
+
+
+def _session_of(rec: _Done | tuple[str, str, int]) -> str:
+    return rec.session_id if isinstance(rec, _Done) else rec[1]
