@@ -8,7 +8,8 @@ ENGINE ?= vllm
 MODEL_DIR ?= $(HOME)/.cache/agentd/models/SmolLM2-135M-Instruct
 PYTEST_ARGS ?=
 
-.PHONY: install install-vllm model run test lint bench bench-gateway bench-kv bench-slo bench-engine calibrate clean
+.PHONY: install install-vllm model run test lint bench bench-gateway bench-kv bench-slo bench-engine \
+	bench-tools bench-runtime bench-policies soak calibrate clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,7 +41,8 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy scheduling db
 
-bench: bench-gateway bench-kv bench-slo
+# bench-tools needs a Docker engine; soak runs 30 minutes. Neither is in `bench`.
+bench: bench-gateway bench-kv bench-slo bench-runtime bench-policies
 
 bench-gateway: install
 	$(PY) -m bench.gateway
@@ -50,6 +52,18 @@ bench-kv: install
 
 bench-slo: install
 	$(PY) -m bench.slo
+
+bench-tools: install
+	$(PY) -m bench.tools
+
+bench-runtime: install
+	$(PY) -m bench.runtime
+
+bench-policies: install
+	$(PY) -m bench.policy_swap
+
+soak: install
+	$(PY) -m bench.soak $(ARGS)
 
 bench-engine: model
 	$(PY) -m bench.engine

@@ -36,6 +36,7 @@ from daemon.state import (
 )
 from db import models
 from db.writer import BatchWriter
+from scheduling.kv import KvConfig
 
 log = logging.getLogger("agentd.core")
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from scheduling.layer_policies import ADMISSION_POLICIES, META_POLICIES
-from scheduling.meta import GuardConfig, RuleThresholds
+from scheduling.meta import SERVING_GUARD, SERVING_RULES, GuardConfig, RuleThresholds
 from scheduling.ordering import default_registry
 
 ORDERING_POOL = default_registry().names()
@@ -33,8 +33,8 @@ class SloSettings:
     short_window_s: float = 5.0
     long_window_s: float = 60.0
     delta_frag: float = 0.1
-    rules: RuleThresholds = field(default_factory=RuleThresholds)
-    guard: GuardConfig = field(default_factory=GuardConfig)
+    rules: RuleThresholds = SERVING_RULES
+    guard: GuardConfig = SERVING_GUARD
 
 
 _TABLES: dict[str, Any] = {"rules": RuleThresholds, "guard": GuardConfig}
@@ -46,7 +46,7 @@ def parse_settings(raw: Mapping[str, Any]) -> SloSettings:
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key in _TABLES:
-            values[key] = _table(key, value, _TABLES[key])
+            values[key] = _table(key, value, getattr(SloSettings, key))
         elif key in top:
             values[key] = _number(f"slo.{key}", value, float)
         else:
@@ -59,17 +59,18 @@ def parse_settings(raw: Mapping[str, Any]) -> SloSettings:
     return SloSettings(**values)
 
 
-def _table(name: str, raw: Any, cls: Any) -> Any:
+def _table(name: str, raw: Any, default: Any) -> Any:
+    """`default` with the keys of the [slo.NAME] table replaced."""
     if not isinstance(raw, Mapping):
         raise ValueError(f"config key 'slo.{name}' must be a table")
-    known = {f.name: f for f in dataclasses.fields(cls)}
+    known = {f.name: f for f in dataclasses.fields(default)}
     values = {}
     for key, value in raw.items():
         if key not in known:
             raise ValueError(f"config key 'slo.{name}.{key}' is unknown; known: {sorted(known)}")
-        kind = int if isinstance(getattr(cls(), key), int) else float
+        kind = int if isinstance(getattr(default, key), int) else float
         values[key] = _number(f"slo.{name}.{key}", value, kind)
-    return cls(**values)
+    return dataclasses.replace(default, **values)
 
 
 def _number(key: str, value: Any, kind: type) -> Any:

@@ -10,6 +10,9 @@ fence plus two control loops that keep utilisation inside a band.
 - Inner loop (P): B_token <- clip(B_token - eta_B e_t), e_t the distance of the
   window-averaged utilisation from the band [u_low, u_high].
 - Outer loop (I): N_run <- clip(N_run - eta_N mean(e over the last W cycles)).
+- Decode pressure (optional): the inner loop tracks the larger of the utilisation error and
+  the error of TPOT over its SLO against ``tpot_band`` (the paper's "optionally short-window
+  violation indicators"); the outer loop stays on utilisation.
 
 Keep one ``StateraAgent`` per worker and call ``step`` once per scheduling cycle.
 
@@ -188,17 +191,29 @@ class ConcurrencyController:
 
 
 class StateraAgent:
-    """Runs both loops once per cycle on the short view's window-averaged utilisation."""
+    """Runs both loops once per cycle on the short view's window-averaged utilisation and,
+    when given, the decode pressure: inter-token time over the TPOT SLO of what is running.
+
+    The token budget follows the more loaded of the two signals: KV utilisation alone never
+    sees the long prefill steps that stretch every decoding request's TPOT, and shrinking
+    the per-cycle token budget is what shortens those steps."""
 
     def __init__(
-        self, band: Band, budget: TokenBudgetController, concurrency: ConcurrencyController
+        self, band: Band, budget: TokenBudgetController, concurrency: ConcurrencyController,
+        tpot_band: Band = Band(0.7, 0.95),
     ) -> None:
         self.band, self.budget, self.concurrency = band, budget, concurrency
+        self.tpot_band = tpot_band
 
-    def step(self, utilisation: float, bypass: bool = False) -> ExecutionControls:
+    def step(
+        self, utilisation: float, bypass: bool = False, tpot_ratio: float | None = None
+    ) -> ExecutionControls:
         # Under bypass the loops hold still: integrating the overload that triggered the bypass
         # would leave N_run pinned low long after the guard clears.
         if bypass:
             return ExecutionControls(self.budget.b_max, self.concurrency.n_max, unbounded=True)
         error = self.band.error(utilisation)
-        return ExecutionControls(self.budget.update(error), self.concurrency.update(error))
+        pressure = error if tpot_ratio is None else max(error, self.tpot_band.error(tpot_ratio))
+        # Only the budget answers decode pressure: a step's length is set by the prefill
+        # tokens it carries, while cutting N_run would cost decode batch for nothing.
+        return ExecutionControls(self.budget.update(pressure), self.concurrency.update(error))

@@ -41,12 +41,19 @@ class RuleThresholds:
     hol_ttft_violation: float = 0.1
     unfair_jain: float = 0.9
     deadline_violation: float = 0.1
+    # TTFT violations past this are overload: two-lane, whose late queue sheds requests
+    # that cannot make it (EDF or WFQ would serve them first and lose the rest too).
+    # The default (off) keeps the paper's map.
+    overload_ttft_violation: float = float("inf")
+    # EDF only when at least this share of the violations are TTFT misses: ordering cannot
+    # fix a TPOT miss, and EDF under TPOT pressure just reshuffles the queue.
+    deadline_ttft_share: float = 0.0
 
 
 class RuleMap:
     """Failure pattern -> policy, first match wins: anomaly -> FCFS, head-of-line blocking
-    (length variance with TTFT violations) -> two-lane, unfair tenants -> WFQ, deadline
-    misses -> EDF; with no dominant failure the current policy stays."""
+    (length variance with TTFT violations) or overload -> two-lane, unfair tenants -> WFQ,
+    deadline misses -> EDF; with no dominant failure the current policy stays."""
 
     def __init__(self, initial: str = "sjf", thresholds: RuleThresholds | None = None) -> None:
         self.current = initial
@@ -77,6 +84,9 @@ class RuleMap:
         if varied and v.ttft_violation_rate >= self.t.hol_ttft_violation:
             why = f"HOL blocking: length CV {v.output_len_cv:.2f}, TTFT violations "
             return Decision("two_lane", why + f"{v.ttft_violation_rate:.0%}")
+        if v.ttft_violation_rate >= self.t.overload_ttft_violation:
+            why = f"overload: TTFT violations {v.ttft_violation_rate:.0%}, shed to a late queue"
+            return Decision("two_lane", why)
         return None
 
     def _unfair(self, v: LongView) -> Decision | None:
@@ -85,7 +95,9 @@ class RuleMap:
         return None
 
     def _deadline(self, v: LongView) -> Decision | None:
-        if v.violation_rate >= self.t.deadline_violation:
+        ttft_share = v.ttft_violation_rate / v.violation_rate if v.violation_rate > 0 else 0.0
+        if (v.violation_rate >= self.t.deadline_violation
+                and ttft_share >= self.t.deadline_ttft_share):
             return Decision("edf", f"deadline misses: {v.violation_rate:.0%} violate SLO")
         return None
 
@@ -226,6 +238,17 @@ class GuardConfig:
     clear_kv_util: float = 0.9
     clear_violation: float = 0.2
     clear_hold_s: float = 10.0
+
+
+# What the daemon and the replay's meta stacks run (tuned in bench/slo.py). Overload is
+# not an anomaly: with the library defaults a saturated worker falls back to FCFS with
+# unbounded admission, the policy that loses most under overload. Here only a collapse of
+# nearly every SLO sends the rule map to FCFS, and only a queue or memory at the brink
+# trips the emergency bypass (violations alone never do: a short window of late
+# completions is what serving a backlog looks like).
+SERVING_RULES = RuleThresholds(anomaly_violation=0.95, surge_ratio=10.0, hol_length_cv=0.8,
+                               overload_ttft_violation=0.3, deadline_ttft_share=0.5)
+SERVING_GUARD = GuardConfig(bypass_violation=float("inf"))
 
 
 @dataclass(frozen=True, slots=True)

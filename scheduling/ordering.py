@@ -224,44 +224,76 @@ class Wfq(KeyedPolicy):
 
 
 class TwoLane(OrderingPolicy):
-    """Fast and slow lanes split on T_tot <= ``threshold_s``; each lane by slack
-    S = D - V_sys - T_tot (Eq. 5). The gate serves the slow lane every ``slow_every``-th pop
-    so long requests cannot starve."""
+    """Fast and slow lanes split on T_tot <= ``threshold_s``. The gate serves the slow lane
+    every ``slow_every``-th pop so long requests cannot starve.
+
+    Deadlines act through a late queue rather than through the order inside a lane: a
+    request that can no longer meet its TTFT even if dispatched now (a + SLO_ttft <
+    now + t_ttft, i.e. its slack S = D - V_sys - T_tot of Eq. 5 is gone) leaves its lane
+    for a late queue, served oldest first and only when both lanes are empty. Inside a
+    lane the order is shortest T_tot first, slack breaking ties: among requests that can
+    all still make it, the shortest first is what makes the most of them make it, while
+    slack order would spend an overloaded worker on the ones closest to being lost and
+    lose the rest (full stack on 2400 requests of the Azure code trace at 12x in
+    bench/slo.py's replay: 5.2 against 10.2 req/s of goodput). ``now`` only grows, so a
+    late request stays late and the check is needed only at the head of each lane."""
 
     name = "two_lane"
 
-    def __init__(self, threshold_s: float = 2.0, slow_every: int = 4) -> None:
+    # Every 8th pop, not every 4th: on the Azure code trace a quarter of the dispatches
+    # going to long requests cost 12% of the goodput under overload (bench/slo.py).
+    def __init__(self, threshold_s: float = 2.0, slow_every: int = 8) -> None:
         self.threshold_s = threshold_s
         self.slow_every = slow_every
         self._fast = _Heap()
         self._slow = _Heap()
+        self._late = _Heap()
         self._pops = 0
 
     def push(self, request: QueuedRequest, now: float) -> None:
+        if _ttft_lost(request, now):
+            self._late.push(_late_key(request), request)
+            return
         lane = self._fast if request.t_tot <= self.threshold_s else self._slow
-        lane.push((request.deadline - request.t_tot,), request)
+        lane.push((request.t_tot, request.deadline - request.t_tot), request)
 
-    def _next_lane(self) -> _Heap:
+    def _settle(self, now: float) -> None:
+        for lane in (self._fast, self._slow):
+            while (head := lane.peek()) is not None and _ttft_lost(head, now):
+                lane.pop()
+                self._late.push(_late_key(head), head)
+
+    def _next_lane(self, now: float) -> _Heap:
+        self._settle(now)
         if not self._fast:
-            return self._slow
+            return self._slow if self._slow else self._late
         gate_open = len(self._slow) > 0 and (self._pops + 1) % self.slow_every == 0
         return self._slow if gate_open else self._fast
 
     def pop(self, now: float) -> QueuedRequest:
-        lane = self._next_lane()
+        lane = self._next_lane(now)
         request = lane.pop()[1]
         self._pops += 1
         return request
 
     def peek(self, now: float) -> QueuedRequest | None:
-        return self._next_lane().peek()
+        return self._next_lane(now).peek()
 
     def drain(self) -> list[QueuedRequest]:
         self._pops = 0
-        return self._fast.drain() + self._slow.drain()
+        return self._fast.drain() + self._slow.drain() + self._late.drain()
 
     def __len__(self) -> int:
-        return len(self._fast) + len(self._slow)
+        return len(self._fast) + len(self._slow) + len(self._late)
+
+
+def _late_key(request: QueuedRequest) -> Key:
+    # Oldest first: no late request waits past the end of the overload that made it late.
+    return (request.arrival_s,)
+
+
+def _ttft_lost(request: QueuedRequest, now: float) -> bool:
+    return now + request.ttft_pred_s > request.arrival_s + request.slo.ttft_s
 
 
 PolicyFactory = Callable[[], OrderingPolicy]

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from daemon.replay.harness import Replay, ReplayConfig
-from daemon.replay.slo import SloStack, slo_stack
+from daemon.replay.slo import ORDERINGS, SloStack, slo_stack
 from daemon.replay.synthetic import synthetic_programs
 from daemon.replay.traces import FORMATS, TraceError, load_azure, load_trace, scale_arrivals
 from daemon.replay.workload import ProgramSpec
 from scheduling.kv import KV_POLICIES, make_kv_policy
-from scheduling.slo_templates import Slo, SloTable, TaskType
+from scheduling.slo_templates import TABLE_6, Slo, SloTable, TaskType
 
 AZURE_TASKS = {"code": TaskType.CODE_GENERATION.value, "conv": TaskType.DIALOGUE.value}
 
@@ -40,8 +40,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="agentd",
                    help=f"KV policies, comma-separated: {', '.join(sorted(KV_POLICIES))}")
     p.add_argument("--ordering", default=None,
-                   help="SLO stacks, comma-separated: a pool policy, meta-rules, meta-bandit, "
-                        "meta-llm, full, full-no-*; omit for KV-only runs")
+                   help="SLO stacks run side by side, comma-separated: a pool policy, "
+                        "meta-rules, meta-bandit, meta-llm, full or an ablation of full "
+                        f"({', '.join(ORDERINGS)}); omit for KV-only runs")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--kv-tokens", type=int, default=444_000, help="KV capacity per worker")
     p.add_argument("--cost-model", default="llama3-8b-h100", help="shipped name or JSON file")
@@ -69,22 +70,58 @@ def load_specs(args: argparse.Namespace) -> list[ProgramSpec]:
 
 
 def slo_table(path: str | None) -> SloTable | None:
+    """Table 6 with the template's tasks replaced; every error names the offending field."""
     if path is None:
         return None
-    raw = json.loads(Path(path).read_text())
-    return SloTable(base={TaskType(k): Slo(float(v["ttft_s"]), float(v["tpot_s"]))
-                          for k, v in raw.items()})
+    try:
+        raw = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--slo-template {path}: not JSON ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise ValueError(f'--slo-template {path}: want {{"task": {{"ttft_s": x, "tpot_s": y}}}}')
+    base = dict(TABLE_6)
+    for task, slo in raw.items():
+        base[_task(path, task)] = Slo(_seconds(path, slo, task, "ttft_s"),
+                                      _seconds(path, slo, task, "tpot_s"))
+    return SloTable(base=base)
+
+
+def _task(path: str, name: str) -> TaskType:
+    try:
+        return TaskType(name)
+    except ValueError:
+        known = ", ".join(t.value for t in TaskType)
+        raise ValueError(f"--slo-template {path}: unknown task {name!r}; known: {known}") from None
+
+
+def _seconds(path: str, slo: object, task: str, key: str) -> float:
+    value = slo.get(key) if isinstance(slo, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"--slo-template {path}: {task}.{key} must be a positive number")
+    return float(value)
+
+
+def slo_stacks(names: str | None) -> list[SloStack | None]:
+    if not names:
+        return [None]
+    try:
+        return [slo_stack(n.strip()) for n in names.split(",")]
+    except KeyError as exc:
+        raise ValueError(f"--ordering: {exc.args[0]}") from None
 
 
 def run_replay(args: argparse.Namespace) -> int:
+    if args.load <= 0:
+        raise ValueError(f"--load must be positive, got {args.load:g}")
     specs = load_specs(args)
     config = ReplayConfig(
         workers=args.workers, kv_tokens=args.kv_tokens, cost_model=args.cost_model,
         concurrency=args.concurrency, duration_s=args.duration_s, time_scale=args.time_scale,
         progress_every_s=0.0 if args.quiet else 5.0,
     )
-    stacks: list[SloStack | None] = (
-        [slo_stack(n) for n in args.ordering.split(",")] if args.ordering else [None])
+    stacks = slo_stacks(args.ordering)
+    if args.slo_template and not args.ordering:
+        raise ValueError("--slo-template needs --ordering (SLOs are assigned by the SLO layer)")
     table = slo_table(args.slo_template)
     results = [
         Replay(specs, config, make_kv_policy(policy), stack, slos=table).run()
@@ -115,6 +152,8 @@ def _run_reporting_errors(args: argparse.Namespace) -> int:
     try:
         return run_replay(args)
     except (TraceError, KeyError, ValueError, OSError) as exc:
-        print(f"agentd replay: {exc}", file=sys.stderr)
+        # A KeyError's str() is its repr; the message is its first argument.
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"agentd replay: {msg}", file=sys.stderr)
         return 2
 

@@ -149,3 +149,20 @@ def test_statera_holds_loops_still_during_bypass() -> None:
     bypass = agent.step(0.99, bypass=True)
     assert bypass.unbounded and (bypass.token_budget, bypass.n_run) == (1000, 64)
     assert (agent.budget.value, agent.concurrency.value) == held
+
+
+def test_decode_pressure_drives_the_budget_but_not_n_run() -> None:
+    """KV utilisation inside its band, inter-token time at twice the TPOT SLO: the token
+    budget falls until the pressure is gone, N_run stays; with the pressure gone and KV
+    below the band the budget climbs back."""
+    agent = StateraAgent(Band(0.5, 0.9), TokenBudgetController(256, 8192, 4096),
+                         ConcurrencyController(4, 256, 64), tpot_band=Band(0.7, 0.95))
+    budgets = [agent.step(0.6, tpot_ratio=2.0) for _ in range(5)]
+    assert budgets[-1].token_budget == 256 and budgets[0].token_budget < 8192
+    assert all(c.n_run == 256 for c in budgets)
+    assert agent.step(0.6, tpot_ratio=0.8).token_budget == 256  # inside the band: hold
+    assert agent.step(0.2, tpot_ratio=0.2).token_budget > 256
+    # Without the pressure signal the agent is the utilisation-only controller it was.
+    plain = StateraAgent(Band(0.5, 0.9), TokenBudgetController(256, 8192, 4096),
+                         ConcurrencyController(4, 256, 64))
+    assert plain.step(0.6).token_budget == 8192

@@ -57,8 +57,19 @@ async def events(core: Core, prefix: str) -> list[dict[str, Any]]:
         return [{"kind": r.kind, **r.data} for r in rows]
 
 
-async def test_bypass_runs_fcfs_unbounded_until_calm(make_core: Any) -> None:
+async def test_violations_alone_do_not_bypass_by_default(make_core: Any) -> None:
+    # Late completions are what serving a backlog looks like (bench/slo.py): FCFS with
+    # unbounded admission would make them worse.
     core = make_core(ordering_policy="sjf")
+    now = time.time()
+    for n in range(12):
+        core.slo.views.on_completion(done(n, now, ttft_s=9.0))
+    core.slo.tick(now)
+    assert not core.slo.bypass
+
+
+async def test_bypass_runs_fcfs_unbounded_until_calm(make_core: Any) -> None:
+    core = make_core(ordering_policy="sjf", slo={"guard": {"bypass_violation": 0.5}})
     now = time.time()
     for n in range(12):
         core.slo.views.on_completion(done(n, now, ttft_s=9.0))  # every one late

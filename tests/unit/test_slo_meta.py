@@ -18,6 +18,7 @@ from scheduling.meta import (
     MetaLoop,
     Rollback,
     RuleMap,
+    RuleThresholds,
     Switch,
     parse_llm_decision,
 )
@@ -78,6 +79,21 @@ def short(**kw: object) -> ShortView:
 )
 def test_rule_map(view: LongView, policy: str) -> None:
     assert RuleMap(initial="sjf").choose(view, 0.0).policy_name == policy
+
+
+def test_overload_rule_picks_two_lane_and_edf_waits_for_ttft_misses() -> None:
+    """With the overload and TTFT-share thresholds set: heavy TTFT violations without
+    length variance mean overload (two-lane), and TPOT-driven misses do not mean EDF."""
+    rules = RuleMap("sjf", RuleThresholds(overload_ttft_violation=0.3, deadline_ttft_share=0.5))
+    overloaded = long(violation_rate=0.5, ttft_violation_rate=0.45)
+    decision = rules.choose(overloaded, 0.0)
+    assert decision.policy_name == "two_lane" and "overload" in decision.reason
+    assert rules.choose(long(violation_rate=0.3, ttft_violation_rate=0.05), 0.0).policy_name \
+        == "sjf"
+    assert rules.choose(long(violation_rate=0.3, ttft_violation_rate=0.2), 0.0).policy_name \
+        == "edf"
+    # Off by default: the paper's map sends the same overload to EDF.
+    assert RuleMap("sjf").choose(overloaded, 0.0).policy_name == "edf"
 
 
 def test_rule_map_keeps_what_was_applied() -> None:

@@ -147,7 +147,7 @@ def test_wfq_costs_by_work() -> None:
     assert drain_ids(p) == ["small1", "small2", "big"]
 
 
-def test_two_lane_fast_lane_by_slack_and_gate_serves_slow() -> None:
+def test_two_lane_fast_lane_first_and_gate_serves_slow() -> None:
     p = TwoLane(threshold_s=2.0, slow_every=3)
     for i in range(4):
         p.push(req(f"fast{i}", float(i), l_pred=10), 0.0)
@@ -156,11 +156,26 @@ def test_two_lane_fast_lane_by_slack_and_gate_serves_slow() -> None:
     assert drain_ids(p) == ["fast0", "fast1", "slow", "fast2", "fast3"]
 
 
-def test_two_lane_orders_within_lane_by_slack() -> None:
+def test_two_lane_orders_within_lane_by_t_tot_then_slack() -> None:
     p = TwoLane(threshold_s=100.0)
-    # Slack (minus V_sys): a = 10 - 1.1 = 8.9; b = 1 + 1 + 5 - 1.1 = 5.9.
-    fill(p, req("a", 0.0), req("b", 1.0, slo_ttft=1.0))
-    assert drain_ids(p) == ["b", "a"]
+    # Equal T_tot (1.1): slack (minus V_sys) decides, a = 10 - 1.1 = 8.9; b = 1 + 1 + 5 - 1.1
+    # = 5.9. The shorter c (T_tot 0.2) goes first although it has the most slack.
+    fill(p, req("a", 0.0), req("b", 1.0, slo_ttft=1.0), req("c", 2.0, l_pred=10))
+    assert drain_ids(p) == ["c", "b", "a"]
+
+
+def test_two_lane_moves_requests_that_missed_their_ttft_to_a_late_queue() -> None:
+    p = TwoLane(threshold_s=100.0)
+    # At now=3: "lost" (arrived 0, TTFT SLO 1 s) can no longer make it; the others can.
+    fill(p, req("lost", 0.0, l_pred=10, slo_ttft=1.0), req("ok", 0.5, l_pred=50),
+         req("ok2", 0.2, l_pred=90))
+    assert [p.pop(3.0).request_id for _ in range(3)] == ["ok", "ok2", "lost"]
+    assert len(p) == 0
+    # Pushed when already late: behind every on-time request, late ones oldest first.
+    p.push(req("late_new", 1.0, slo_ttft=0.5), 5.0)
+    p.push(req("late_old", 0.0, slo_ttft=0.5), 5.0)
+    p.push(req("fresh", 4.9, l_pred=900), 5.0)
+    assert drain_ids(p, 5.0) == ["fresh", "late_old", "late_new"]
 
 
 def test_pop_on_empty_raises() -> None:

@@ -1,0 +1,68 @@
+"""The SLO stacks a replay can run, by name, and the settings they share.
+
+A pool policy (``fcfs``, ``sjf``, ``edf``, ``two_lane`` ...) runs fixed; ``meta-rules`` /
+``meta-bandit`` / ``meta-llm`` switch among the pool; ``full`` is meta-rules plus the
+admission fence, both control loops and online length prediction with conformal bounds.
+Ablations of ``full`` (H-MAS Table 2): ``full-no-two-lane`` (two-lane out of the pool, SJF
+first), ``full-frozen-statera`` (fence on, loops frozen at their maximum), ``full-no-meta``
+(FCFS fixed, as the paper's "Disable Meta (FCFS)"), ``full-rule-prediction`` (no online
+length learning: every request gets the predictor's default length and the bound stays at
+the token cap).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from scheduling.meta import SERVING_GUARD, SERVING_RULES
+from scheduling.ordering import default_registry
+
+POOL = default_registry().names()
+BANDIT_ARMS = ("fcfs", "sjf", "edf", "two_lane")
+# H-MAS Algorithm 1 starts from SJF; two-lane (with its late queue) loses less when the
+# first meta interval is spent under a load SJF handles badly (see bench/slo.py).
+META_INITIAL = "two_lane"
+# Steps of unprefilled prompt the local controller lets the engine hold (see slo.py).
+GATE_STEPS = 2
+RULES = SERVING_RULES
+# A replay has no queue cap: memory at the brink is the only bypass trigger.
+GUARDS = replace(SERVING_GUARD, bypass_queue_len=1_000_000)
+LONG_WINDOW_S = 20.0
+
+
+@dataclass(frozen=True)
+class SloStack:
+    name: str
+    initial: str = "fcfs"
+    selector: str | None = None  # "rules" | "bandit" | "llm"
+    pool: tuple[str, ...] = POOL
+    fence: bool = False
+    adaptive: bool = False
+    learn_lengths: bool = True
+    meta_interval_s: float = 20.0
+
+
+_FULL = SloStack("full", META_INITIAL, "rules", fence=True, adaptive=True)
+STACKS: Mapping[str, SloStack] = {
+    "meta-rules": SloStack("meta-rules", META_INITIAL, "rules"),
+    "meta-bandit": SloStack("meta-bandit", META_INITIAL, "bandit"),
+    "meta-llm": SloStack("meta-llm", META_INITIAL, "llm"),
+    "full": _FULL,
+    "full-no-two-lane": replace(_FULL, name="full-no-two-lane", initial="sjf",
+                                pool=tuple(p for p in POOL if p != "two_lane")),
+    "full-frozen-statera": replace(_FULL, name="full-frozen-statera", adaptive=False),
+    "full-no-meta": replace(_FULL, name="full-no-meta", initial="fcfs", selector=None),
+    "full-rule-prediction": replace(_FULL, name="full-rule-prediction", learn_lengths=False),
+}
+
+
+ORDERINGS = (*POOL, *STACKS)
+
+
+def slo_stack(name: str) -> SloStack:
+    if name in STACKS:
+        return STACKS[name]
+    if name in POOL:
+        return SloStack(name, initial=name)
+    raise KeyError(f"unknown ordering {name!r}; known: {', '.join(ORDERINGS)}")
