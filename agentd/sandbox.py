@@ -2,22 +2,27 @@
 
 The daemon starts this with a scrubbed environment (run id, program/session ids, daemon
 URL, run token: see daemon/runtime/runs.py), in a private working directory that holds
-only the bundle copy, and writes {"entry", "args", "limits"} as JSON on stdin. Before any
-user code runs, this process:
+only the bundle copy, writes {"entry", "args", "limits"} as JSON on stdin, and the
+confinement it chose (daemon/runtime/confine.py) on the pipe named by --confine-fd.
+Before any user code runs, this process:
 
 1. keeps its stdout for the result only (user prints go to stderr, the run's log);
-2. applies resource limits with setrlimit: address space, CPU seconds, open files,
+2. applies the kernel-level layers (agentd/isolation.py: pids cgroup, user, mount and
+   network namespaces, a uid of its own, RLIMIT_NPROC, Landlock), failing closed;
+3. applies resource limits with setrlimit: address space, CPU seconds, open files,
    file size;
-3. installs an audit hook (PEP 578) that refuses, for the rest of the process: opening
+4. installs an audit hook (PEP 578) that refuses, for the rest of the process: opening
    or changing files outside the working directory (reads of the Python installation
    and of installed code are allowed), sqlite databases outside it, starting processes,
-   loading native libraries through ctypes, and network connections to anything but the
-   daemon.
+   loading native libraries through ctypes, signalling other processes, and network
+   traffic to anything but the daemon.
 
-The audit hook is a guard against accidents and casual misuse by workflow code, not a
-kernel boundary: code that escapes the interpreter (a C extension already loaded, a
-bug in CPython) is not contained by it. Kernel-level confinement (Landlock, namespaces,
-a separate uid) is the next step, noted in daemon/runtime/README.md.
+The audit hook alone is a guard against accidents and casual misuse, not a boundary
+(`_posixsubprocess.fork_exec` has no audit event, for one); the kernel layers are what
+hold against code that gets past it. docs/threat-model.md says what each one stops.
+
+`--probe` stops after step 3 and reports the layers in place (and, with a relay, that
+the daemon answers through it): the daemon's way to learn what this machine allows.
 
 The one line on stdout is the result: {"ok": true, "result": ...} or {"ok": false,
 "kind": "user" | "system", "reason", "error": {type, message, traceback, agent, path}}.
@@ -25,17 +30,19 @@ The one line on stdout is the result: {"ok": true, "result": ...} or {"ok": fals
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import resource
 import sys
-import sysconfig
 import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
+
+from agentd import isolation
 
 MIB = 1024 * 1024
 _PROCESS_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
@@ -46,9 +53,7 @@ _PATH_WRITE_EVENTS = ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmo
                       "shutil.copyfile", "shutil.move", "os.chflags")
 _PATH_READ_EVENTS = ("os.listdir", "os.scandir", "glob.glob", "os.chdir")
 _CODE_SUFFIXES = (".py", ".pyc", ".so", ".pyi", ".pth", ".typed")
-_SYSTEM_READ = ("/usr/", "/lib/", "/lib64/", "/etc/ssl/", "/etc/localtime", "/etc/hosts",
-                "/etc/resolv.conf", "/etc/nsswitch.conf", "/dev/null", "/dev/urandom",
-                "/proc/self/")
+_SEND_EVENTS = ("socket.connect", "socket.sendto", "socket.sendmsg")
 
 
 class SandboxDenied(PermissionError):
@@ -73,17 +78,15 @@ def apply_limits(limits: dict[str, Any]) -> None:
 class Guard:
     """The audit hook's policy: see the module docstring."""
 
-    def __init__(self, workdir: Path, daemon_url: str) -> None:
+    def __init__(self, workdir: Path, daemon_url: str, relay: str | None = None) -> None:
         self.workdir = str(workdir.resolve()) + os.sep
-        code_roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib",
-                                                          "platlib")}
-        code_roots |= {sys.prefix, sys.base_prefix, sys.exec_prefix}
-        self.read_roots = tuple(str(Path(p).resolve()) + os.sep for p in code_roots if p)
+        self.read_roots = tuple(r + os.sep for r in isolation.install_roots())
         # installed-in-place (editable) packages: their code files only
-        self.code_roots = tuple(str(Path(p).resolve()) + os.sep
-                                for p in sys.path if p and Path(p).is_dir())
+        self.code_roots = tuple(r + os.sep for r in isolation.code_roots())
+        self.system_read = tuple(s + os.sep for s in isolation.SYSTEM_READ)
         parts = urlsplit(daemon_url)
         self.daemon_port = parts.port or 80
+        self.relay = relay  # the network namespace's way out: the daemon's unix socket
         self.local = threading.local()
 
     def _path(self, raw: Any) -> str | None:
@@ -101,7 +104,7 @@ class Guard:
     def may_read(self, path: str) -> bool:
         if self._inside(path, (self.workdir,)) or self._inside(path, self.read_roots):
             return True
-        if any(path == s.rstrip("/") or path.startswith(s) for s in _SYSTEM_READ):
+        if self._inside(path, self.system_read):
             return True
         return self._inside(path, self.code_roots) and (
             path.endswith(_CODE_SUFFIXES) or os.path.isdir(path))
@@ -109,9 +112,9 @@ class Guard:
     def may_write(self, path: str) -> bool:
         return self._inside(path, (self.workdir,)) or path == "/dev/null"
 
-    def deny(self, what: str) -> None:
-        raise SandboxDenied(f"agentd sandbox: {what} is not allowed; a run may only use "
-                            "files in its working directory")
+    def deny(self, what: str, why: str = "a run may only use files in its working "
+             "directory") -> None:
+        raise SandboxDenied(f"agentd sandbox: {what} is not allowed; {why}")
 
     def __call__(self, event: str, args: tuple[Any, ...]) -> None:
         if getattr(self.local, "busy", False):
@@ -148,14 +151,29 @@ class Guard:
             if path is not None and not self.may_read(path):
                 self.deny(f"{event} on {path}")
         elif event.startswith(_PROCESS_EVENTS):
-            self.deny(f"starting a process ({event})")
+            self.deny(f"starting a process ({event})", "a run is one process")
         elif event in _NATIVE_EVENTS:
-            self.deny(f"native code through ctypes ({event})")
-        elif event == "socket.connect":
-            address = args[1]
-            if not (isinstance(address, tuple) and address[1] == self.daemon_port
-                    and address[0] in ("127.0.0.1", "::1", "localhost")):
-                self.deny(f"a network connection to {address!r} (only the daemon is reachable)")
+            self.deny(f"native code through ctypes ({event})", "a run is Python code only")
+        elif event in _SEND_EVENTS:
+            address = args[-1] if event == "socket.sendmsg" else args[1]
+            if event == "socket.sendmsg" and address is None:
+                return  # on a connected socket, checked at connect
+            if not self._to_daemon(address):
+                self.deny(f"network traffic to {address!r}", "only the daemon is reachable")
+        elif event == "socket.bind":
+            self.deny(f"binding a socket to {args[1]!r}", "a run serves nothing")
+        elif event in ("os.kill", "os.killpg"):
+            own = (0, os.getpid()) if event == "os.kill" else (0, os.getpgid(0))
+            if args[0] not in own:
+                self.deny(f"signalling process {'group ' if event == 'os.killpg' else ''}"
+                          f"{args[0]}", "a run may signal only itself")
+
+    def _to_daemon(self, address: Any) -> bool:
+        if isinstance(address, str | bytes) and self.relay is not None:
+            return os.fsdecode(address) == self.relay
+        return (isinstance(address, tuple) and len(address) >= 2
+                and address[1] == self.daemon_port
+                and address[0] in ("127.0.0.1", "::1", "localhost"))
 
 
 def _agent_of(exc: BaseException) -> str | None:
@@ -178,27 +196,47 @@ def _user_frame(exc: BaseException, workdir: str) -> str | None:
     return None
 
 
-def _is_memory(exc: BaseException) -> bool:
-    seen: set[int] = set()
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
     e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        if isinstance(e, MemoryError):
-            return True
-        seen.add(id(e))
+    while e is not None and all(e is not s for s in seen):
+        seen.append(e)
         e = e.__cause__ or e.__context__
-    return False
+    return seen
+
+
+def _limit_reason(exc: BaseException, workdir: str, limits: dict[str, Any]) -> str | None:
+    """The limit or confinement layer behind an exception, when one is."""
+    for e in _chain(exc):
+        if isinstance(e, MemoryError):
+            return f"memory limit exceeded ({limits.get('memory_mb')} MiB address space)"
+        if isinstance(e, SandboxDenied):
+            return f"sandbox: {e}"
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return f"disk quota exceeded ({limits.get('disk_mb')} MiB working directory)"
+        if (isinstance(e, OSError) and e.errno == errno.EAGAIN and _starts_process(e)) or (
+                isinstance(e, RuntimeError) and "can't start new thread" in str(e)):
+            return f"process limit reached ({limits.get('processes')} processes and threads)"
+        if (isinstance(e, PermissionError) and e.filename
+                and not os.fsdecode(e.filename).startswith(workdir)):
+            return f"sandbox (kernel): {type(e).__name__}: {e}"
+    return None
+
+
+def _starts_process(exc: BaseException) -> bool:
+    """EAGAIN from the line that forks (not from, say, a non-blocking socket)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    line = (frames[-1].line or "") if frames else ""
+    return any(word in line for word in ("fork", "spawn", "Popen", "start"))
 
 
 def failure(exc: BaseException, workdir: str, limits: dict[str, Any]) -> dict[str, Any]:
     error = {"type": type(exc).__name__, "message": str(exc),
              "traceback": "".join(traceback.format_exception(exc)),
              "agent": _agent_of(exc), "path": _user_frame(exc, workdir)}
-    if _is_memory(exc):
-        return {"ok": False, "kind": "system",
-                "reason": f"memory limit exceeded ({limits.get('memory_mb')} MiB address space)",
-                "error": error}
-    if isinstance(exc, SandboxDenied):
-        return {"ok": False, "kind": "system", "reason": f"sandbox: {exc}", "error": error}
+    reason = _limit_reason(exc, workdir, limits)
+    if reason is not None:
+        return {"ok": False, "kind": "system", "reason": reason, "error": error}
     return {"ok": False, "kind": "user", "reason": f"{type(exc).__name__}: {exc}",
             "error": error}
 
@@ -210,21 +248,77 @@ def _to_json(value: Any) -> str:
         return json.dumps({"ok": True, "result": repr(value), "result_is_repr": True})
 
 
+def _finish(out: Any, result: dict[str, Any] | str) -> NoReturn:
+    out.write((result if isinstance(result, str) else json.dumps(result)) + "\n")
+    out.flush()
+    os._exit(0)  # do not wait for agent threads still running
+
+
+def _confinement(argv: list[str]) -> dict[str, Any]:
+    """The layers the daemon chose: a JSON object on the pipe named by --confine-fd."""
+    if "--confine-fd" not in argv:
+        return {}
+    with os.fdopen(int(argv[argv.index("--confine-fd") + 1]), "rb") as f:
+        conf: dict[str, Any] = json.loads(f.read() or b"{}")
+    return conf
+
+
+def _confine(conf: dict[str, Any], workdir: Path, limits: dict[str, Any],
+             out: Any) -> isolation.Confined:
+    try:
+        confined = isolation.apply(conf, workdir)
+    except isolation.ConfinementError as exc:
+        _finish(out, {"ok": False, "kind": "system", "layer": exc.layer,
+                      "reason": f"sandbox confinement failed at layer '{exc.layer}': {exc}"})
+    apply_limits(limits)
+    if conf.get("report_fd") is not None:
+        _report(int(conf["report_fd"]), confined)
+    return confined
+
+
+def _report(fd: int, confined: isolation.Confined) -> None:
+    """Tell the daemon, before any user code runs, which layers hold and which namespaces
+    mark this run's processes (none can leave them, so the daemon can find every one)."""
+    marks = {name: os.stat(f"/proc/self/ns/{name}").st_ino for name in ("user", "mnt", "net")}
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps({"layers": confined.layers, "ns": marks}) + "\n")
+
+
+def _probe(confined: isolation.Confined, out: Any) -> NoReturn:
+    if confined.relay is not None:
+        import httpx
+
+        confined.relay.start()
+        try:
+            httpx.get(os.environ["AGENTD_DAEMON_URL"] + "/healthz", timeout=10).raise_for_status()
+        except Exception as exc:
+            _finish(out, {"ok": False, "kind": "system", "layer": "netns",
+                          "reason": f"the daemon does not answer through the relay: {exc!r}"})
+    _finish(out, {"ok": True, "layers": confined.layers})
+
+
 def main() -> int:
     out = os.fdopen(os.dup(1), "w")  # the result channel
     os.dup2(2, 1)  # everything the workflow prints goes to the run's log
+    conf = _confinement(sys.argv[1:])
     spec = json.loads(sys.stdin.read())
     limits: dict[str, Any] = spec.get("limits", {})
     workdir = Path.cwd()
     sys.dont_write_bytecode = True
-    apply_limits(limits)
+    confined = _confine(conf, workdir, limits, out)
+    if "--probe" in sys.argv[1:]:
+        _probe(confined, out)
+    if confined.relay is not None:
+        confined.relay.start()  # after Landlock: every thread is confined
 
     from agentd import runtime as rt
     from agentd.future import resolve
 
     runtime = rt.DaemonRuntime.from_env()
     rt.set_runtime(runtime)
-    sys.addaudithook(Guard(workdir, os.environ["AGENTD_DAEMON_URL"]))
+    relay = confined.relay.target if confined.relay is not None else None
+    if conf.get("audit_hook", True):
+        sys.addaudithook(Guard(workdir, os.environ["AGENTD_DAEMON_URL"], relay))
     sys.path.insert(0, str(workdir))
     module_name, func_name = spec["entry"].split(":")
     line: str
@@ -243,9 +337,7 @@ def main() -> int:
         runtime.pool.shutdown(wait=False, cancel_futures=True)
         runtime.flush()
     finally:
-        out.write(line + "\n")
-        out.flush()
-    os._exit(0)  # do not wait for agent threads still running
+        _finish(out, line)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import msgspec
 from litestar import Controller, Request, Response, get, post
 
 from daemon.api.errors import ApiError, decode_body, error_body
-from daemon.auth import OPERATOR, READ, SUBMIT
+from daemon.auth import OPERATOR, READ, SUBMIT, principal_of
 from daemon.core import Core
 from daemon.operations import live_program
 from daemon.tool_service import ToolService
@@ -31,6 +31,15 @@ class GcBody(msgspec.Struct, forbid_unknown_fields=True):
 
 class DeclareBody(msgspec.Struct, forbid_unknown_fields=True):
     tools: list[str | dict[str, Any]]
+
+
+def _require_operator_for_specs(request: Request[Any, Any, Any], field: str) -> None:
+    """A spec picks the backend, image and mounts: with `process` it is a host command as
+    the daemon's user. Clients with `submit` use the tools the operator configured."""
+    principal = principal_of(request)
+    if principal is not None and OPERATOR not in principal.scopes:
+        raise ApiError(403, f"{field}: tool specs in a request need scope operator; "
+                       "use a configured tool by name", "insufficient_scope", param=field)
 
 
 def _status(err: ToolError) -> int:
@@ -70,6 +79,8 @@ class ToolsController(Controller):
                            param="timeout_s")
         if not body.command:
             raise ApiError(400, "command must not be empty", param="command")
+        if body.spec:
+            _require_operator_for_specs(request, "spec")
         await live_program(core, program_id)
         try:
             spec = tools.resolve(program_id, tool, body.spec)
@@ -88,6 +99,8 @@ class ToolsController(Controller):
     async def declare(self, core: Core, tools: ToolService, request: Request[Any, Any, Any],
                       program_id: str) -> Response[Any]:
         body = decode_body(await request.body(), DeclareBody)
+        if any(not isinstance(item, str) for item in body.tools):
+            _require_operator_for_specs(request, "tools")
         program = await core.ensure_program(program_id, None)
         try:
             names = tools.declare(program, body.tools)

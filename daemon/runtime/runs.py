@@ -169,6 +169,11 @@ class RunController:
         run.task = asyncio.create_task(self._execute(run, secret), name=f"run-{run_id}")
         return run
 
+    def run_of_token(self, token_id: str) -> Run | None:
+        """The live run whose sandbox holds this token, if any."""
+        return next((r for r in self.runs.values()
+                     if r.token_id == token_id and not r.ended), None)
+
     async def _issue_token(self, run: Run) -> str:
         async with self.core.sessions() as s, s.begin():
             run.token_id, secret = await auth.issue_token(s, f"run {run.id}", {auth.SUBMIT})

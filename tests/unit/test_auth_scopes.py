@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -99,3 +100,24 @@ def test_missing_token_answers_401_in_openai_shape_naming_the_scope() -> None:
     assert "'read'" in err["message"]
 
 
+
+
+# What changes scheduling or other people's programs is the operator's (README, Security).
+OPERATOR_ONLY = (r"/programs/[^/]+/(kill|migrate|pause|resume)$", r"/sessions/[^/]+/migrate$",
+                 r"^/v1/policies", r"^/v1/tools/gc$", r"^/v1/admin/")
+MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
+
+
+def test_no_read_token_can_change_anything_and_scheduling_is_the_operators() -> None:
+    routes = [(m, p, auth.declared_scopes(h) or ())
+              for m, p, h in auth.iter_routes(create_app(Config()))]
+    mutating = [(m, p, s) for m, p, s in routes if m in MUTATING and p.startswith("/v1/")]
+    assert len(mutating) > 15
+    for method, path, scopes in mutating:
+        assert not auth.grants(frozenset({auth.READ}), scopes), (method, path, scopes)
+        assert auth.PUBLIC not in scopes, (method, path)
+        if any(re.search(pattern, path) for pattern in OPERATOR_ONLY):
+            assert scopes == (auth.OPERATOR,), (method, path, scopes)
+    operator_routes = {p for m, p, s in mutating if s == (auth.OPERATOR,)}
+    for pattern in OPERATOR_ONLY:  # each pattern still names a real route
+        assert any(re.search(pattern, p) for p in operator_routes), pattern

@@ -1,0 +1,95 @@
+"""A run's processes and files as the daemon sees them from outside: find every process
+of a run (by its uid, or by a namespace it entered: neither can be left), kill them all
+until none is left, pick a free uid, measure a directory."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+# Run uids: far above login and container-subuid ranges; picked at random, checked free.
+UID_BASE, UID_SPAN = 2_000_000_000, 1 << 20
+
+
+def uid_pids(uid: int | None = None) -> dict[int, int]:
+    """pid -> real uid of live (not zombie) processes, of `uid` only if given."""
+    out = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/{entry.name}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+            if fields.get("State", "").strip().startswith("Z"):
+                continue
+            real = int(fields["Uid"].split()[0])
+            if uid is None or real == uid:
+                out[int(entry.name)] = real
+    return out
+
+
+def kill_uid(uid: int) -> int:
+    return kill_until_none(lambda: set(uid_pids(uid)))
+
+
+def marked(marks: dict[str, int]) -> set[int]:
+    """Live processes in any of the run's namespaces (a zombie keeps its user namespace,
+    but is dead already: its parent or init reaps it)."""
+    found = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for kind, inode in marks.items():
+                if os.stat(f"/proc/{entry.name}/ns/{kind}").st_ino == inode:
+                    with open(f"/proc/{entry.name}/stat") as f:
+                        if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                            found.add(int(entry.name))
+                    break
+    return found
+
+
+def kill_marked(marks: dict[str, int]) -> int:
+    return kill_until_none(lambda: marked(marks))
+
+
+def kill_until_none(find: Callable[[], set[int]]) -> int:
+    killed: set[int] = set()
+    for _ in range(200):
+        pids = find()
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        killed |= pids
+        time.sleep(0.01)
+    return len(killed)
+
+
+def free_uid(taken: set[int]) -> int:
+    used = set(uid_pids().values()) | taken
+    while True:
+        uid = UID_BASE + random.randrange(UID_SPAN)
+        if uid not in used:
+            return uid
+
+
+def du(path: Path) -> int:
+    """Bytes allocated under `path` (blocks, so sparse files count what they use)."""
+    total = 0
+    stack = [path]
+    while stack:
+        with contextlib.suppress(OSError), os.scandir(stack.pop()) as it:
+            for entry in it:
+                with contextlib.suppress(OSError):
+                    st = entry.stat(follow_symlinks=False)
+                    total += st.st_blocks * 512
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(Path(entry.path))
+    return total
