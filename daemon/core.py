@@ -71,6 +71,8 @@ class Core:
         self._accepting = True
         self._pumping = False
         self._remove_metrics: Callable[[], None] | None = None
+        # The workflow runtime's global-controller loop (daemon/runtime/control.py) sets this.
+        self.control: Any = None
         self.kv = KvControl(self, config.kv_policy,
                            KvConfig(force_resume_s=config.kv_force_resume_s))
         self.slo = SloControl(self, parse_settings(config.slo))

@@ -5,7 +5,9 @@ Clients:   POST/GET /v1/workflows · POST /v1/runs · GET /v1/runs · GET /v1/ru
 Sandboxes: POST /v1/runs/{id}/events · GET /v1/runs/{id}/state · PUT /v1/runs/{id}/state/{name}
            POST /v1/runs/{id}/control (its view in, the global controller's decisions out)
            (scope submit, and the token must be that run's own token, or an operator's)
-Control:   GET /v1/control · PUT /v1/control/policy (operator) · GET /v1/runs/{id}/control
+Control:   GET /v1/control · GET /v1/runs/{id}/control
+           PUT /v1/control/policy (operator: the same activation as
+           POST /v1/policies/{name}/activate, for the control layer's policies only)
            POST /v1/runs/{id}/control/decisions (operator: route / set_priority / migrate /
            kill / provision for one run, in the run's own names)
 """
@@ -14,16 +16,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from litestar import Controller, Request, delete, get, post, put
 from litestar.response import Stream
 
 from daemon.api.errors import ApiError, decode_body
+from daemon.api.policies_api import MAX_VERSION
+from daemon.api.policies_api import service as policy_service
 from daemon.auth import OPERATOR, READ, SUBMIT, principal_of
+from daemon.policies.registry import PolicyService
 from daemon.runtime.bundles import BundleError
-from daemon.runtime.control import ControlLoop, ControlReport, known_policies
+from daemon.runtime.control import ControlLoop, ControlReport
 from daemon.runtime.runs import Run, RunController
 
 STATE_KEY = "agentd.runs"
@@ -59,6 +64,7 @@ class DecisionsBody(msgspec.Struct, forbid_unknown_fields=True):
 
 class PolicyBody(msgspec.Struct, forbid_unknown_fields=True):
     name: str
+    version: Annotated[int, msgspec.Meta(ge=1, le=MAX_VERSION)] | None = None
 
 
 def runs_of(request: Request[Any, Any, Any]) -> RunController:
@@ -73,6 +79,10 @@ def control_of(request: Request[Any, Any, Any]) -> ControlLoop:
     if loop is None:
         raise ApiError(503, "the global controller has not started", "unavailable")
     return loop
+
+
+async def _control_policies(svc: PolicyService) -> list[str]:
+    return [p["name"] for p in await svc.list_policies() if p["layer"] == "control"]
 
 
 def _bundle_error(exc: BundleError) -> ApiError:
@@ -98,6 +108,18 @@ def _own_run(request: Request[Any, Any, Any], runs: RunController, run_id: str) 
     return run
 
 
+def _refuse_run_token(request: Request[Any, Any, Any], runs: RunController, what: str,
+                      own_run: str | None = None) -> None:
+    """A run's token has scope `submit` so its sandbox can reach the gateway and its own
+    runtime endpoints; it must not act on other runs or start new ones."""
+    principal = principal_of(request)
+    if principal is None:
+        return
+    owner = runs.run_of_token(principal.token_id)
+    if owner is not None and owner.id != own_run:
+        raise ApiError(403, f"run {owner.id}'s token may not {what}", "run_token")
+
+
 class WorkflowsController(Controller):
     path = "/v1"
     tags = ["workflows"]
@@ -105,6 +127,7 @@ class WorkflowsController(Controller):
     @post("/workflows", status_code=201, opt={"scope": SUBMIT},
           summary="Register a new version of a workflow bundle")
     async def register(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
+        _refuse_run_token(request, runs_of(request), "register workflows")
         body = decode_body(await request.body(), WorkflowBody)
         try:
             return runs_of(request).bundles.register(body.name, body.files, body.entry)
@@ -118,6 +141,7 @@ class WorkflowsController(Controller):
     @post("/runs", status_code=201, opt={"scope": SUBMIT},
           summary="Start a run of a workflow in a sandbox")
     async def start(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
+        _refuse_run_token(request, runs_of(request), "start runs")
         body = decode_body(await request.body(), RunBody)
         if body.session_id is not None and not (0 < len(body.session_id) <= 128
                                                 and body.session_id.isprintable()):
@@ -147,6 +171,7 @@ class WorkflowsController(Controller):
             summary="Cancel a run: kill its sandbox and release its program")
     async def cancel(self, request: Request[Any, Any, Any], run_id: str) -> dict[str, Any]:
         runs = runs_of(request)
+        _refuse_run_token(request, runs, "cancel other runs", own_run=run_id)
         run = _run(runs, run_id)
         await runs.cancel(run)
         return run.view()
@@ -238,17 +263,25 @@ class WorkflowsController(Controller):
             raise ApiError(409, str(exc), "no_view") from exc
         return {"results": results}
 
-    @get("/control", opt={"scope": READ}, summary="The global controller: policy and last step")
+    @get("/control", opt={"scope": READ},
+         summary="The global controller: active policy version and last step")
     async def control_status(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
-        return control_of(request).status() | {"policies": known_policies()}
+        loop = control_of(request)
+        return loop.status() | {"policies": await _control_policies(policy_service(request))}
 
     @put("/control/policy", status_code=200, opt={"scope": OPERATOR},
-         summary="Operator: make a built-in control policy active from the next period")
+         summary="Operator: validate and activate a control policy (default: its latest "
+                 "version) from the next period, through the policy registry")
     async def control_policy(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
         body = decode_body(await request.body(), PolicyBody)
-        loop = control_of(request)
-        try:
-            old = loop.swap(body.name)
-        except KeyError as exc:
-            raise ApiError(400, str(exc.args[0]), param="name") from exc
-        return loop.status() | {"previous": old.name}
+        loop, svc = control_of(request), policy_service(request)
+        known = await _control_policies(svc)
+        if body.name not in known:
+            raise ApiError(400, f"unknown control policy {body.name!r}; known: {known}",
+                           param="name")
+        previous = loop.guard.current
+        principal = principal_of(request)
+        out = await svc.activate(body.name, body.version,
+                                 principal.name if principal is not None else "operator")
+        return loop.status() | {"activated": out, "previous": {
+            "name": previous.name, "version": previous.version}}

@@ -1,7 +1,8 @@
 """The scheduling layers a stored policy can belong to, and how each one is checked.
 
 Generic over layers (see daemon/policies/layer_spec.py): `kv` is defined here, the SLO
-layers `ordering`, `meta` and `admission` in daemon/policies/slo_layers.py.
+layers `ordering`, `meta` and `admission` in daemon/policies/slo_layers.py, the global
+controller's `control` in daemon/policies/control_layer.py.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from daemon.policies.control_layer import CONTROL_LAYER
 from daemon.policies.layer_spec import DryCall, Layer
 from daemon.policies.slo_layers import SLO_LAYERS
 from scheduling.kv import (
@@ -83,4 +85,4 @@ KV_LAYER = Layer(
     default=lambda config: str(config.kv_policy),
 )
 
-LAYERS: dict[str, Layer] = {"kv": KV_LAYER, **SLO_LAYERS}
+LAYERS: dict[str, Layer] = {"kv": KV_LAYER, **SLO_LAYERS, "control": CONTROL_LAYER}

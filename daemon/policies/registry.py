@@ -1,13 +1,14 @@
 """Stored policies and their versions; the one service the API and the daemon use.
 
-Generic over the layers of daemon/policies/layers.py (kv, ordering, meta, admission).
-Built-ins are registered at start as version 1 (their module's source, author
+Generic over the layers of daemon/policies/layers.py (kv, ordering, meta, admission,
+control). Built-ins are registered at start as version 1 (their module's source, author
 "builtin"). Each layer has one active version: the stored one survives a restart; with
-none stored, the layer's built-in named by the config (`kv_policy`, `ordering_policy`,
-`meta_policy`, `admission_policy`) becomes active. New versions are validated when
-stored and again against the live snapshot when activated. Each layer's active version
-runs behind a `Guard` (daemon/policies/swap.py) that the layer's host in the daemon
-returns from `Layer.install`; activation and rollback go through it.
+none stored, the layer's default built-in becomes active (named by the config's
+`kv_policy`, `ordering_policy`, `meta_policy`, `admission_policy`; `nalar-default` for
+control). New versions are validated when stored and again against the live snapshot
+when activated. Each layer's active version runs behind a `Guard`
+(daemon/policies/swap.py) that the layer's host in the daemon returns from
+`Layer.install`; activation and rollback go through it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agentd.policies")
 BUILTIN = "builtin"
-EVENT_KINDS = ("policy.created", "policy.activated", "policy.rolled_back", "policy.retired",
+EVENT_KINDS = ("policy.created", "policy.validated", "policy.activated", "policy.rolled_back",
+               "policy.retired",
                "ordering.switch", "ordering.rollback")
 # Event fields that name the policy an event is about.
 _NAMED_BY = ("name", "failed", "restored", "policy", "rolled_back")
@@ -183,6 +185,7 @@ class PolicyService:
             v = await self._version_row(s, name, number or await self._latest(s, name))
             report = self._validate(_layer(row.layer), name, v.source, v.version, v)
             v.validation_report = {**v.validation_report, **report.to_dict()}
+            self._trace_validated(row.layer, name, v.version, report, "validate")
             return _version_dict(v, source=False)
 
     async def activate(self, name: str, number: int | None, by: str) -> dict[str, Any]:
@@ -196,6 +199,7 @@ class PolicyService:
                                       "failures; store a new version", "retired")
                 report = self._validate(layer, name, v.source, v.version, v)
                 v.validation_report = {**v.validation_report, **report.to_dict()}
+                self._trace_validated(layer.name, name, v.version, report, "activate")
                 if not report.ok:
                     raise PolicyError(422, f"{name} v{v.version} failed validation: "
                                       + "; ".join(_problem(e) for e in report.errors),
@@ -287,6 +291,12 @@ class PolicyService:
             return Report(snapshots=["builtin"])
         snapshots = [("live", layer.live(self.core)), ("sample", layer.sample(now))]
         return validate(layer, name, source, snapshots, now, number)
+
+    def _trace_validated(self, layer: str, name: str, number: int, report: Report,
+                         on: str) -> None:
+        self.core.writer.trace("policy.validated", layer=layer, name=name, version=number,
+                               on=on, ok=report.ok, snapshots=report.snapshots,
+                               errors=[_problem(e) for e in report.errors])
 
     async def _set_status(self, s: Any, name: str, number: int, status: str) -> None:
         await s.execute(update(models.PolicyVersion).where(

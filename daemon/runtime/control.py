@@ -8,8 +8,15 @@ runs the active policy on a worker thread, and queues each accepted decision for
 run with the run's own names. It is never on a call's path: sandboxes place and run
 calls with their local controllers and only install what comes back.
 
+The active policy is the `control` layer's version in the policy registry
+(daemon/policies/control_layer.py): the registry installs a `ControlGuard`
+(control_guard.py) here at start and swaps versions through it, so an activation lands
+between two periods and a failing version is rolled back within the step it fails in.
+The loop sleeps the active policy's `period_s` between steps.
+
 Every decision, accepted or rejected (a rejection is traced once until it changes), is
-a `control.decision` trace event of its run, tagged with the policy or `operator`.
+a `control.decision` trace event of its run, tagged with the policy and its version, or
+`operator`.
 """
 
 from __future__ import annotations
@@ -23,16 +30,17 @@ from typing import Any
 
 import msgspec
 
+from daemon.policies.control_layer import DEFAULT_CONTROL_POLICY
+from daemon.policies.swap import Active
+from daemon.runtime.control_guard import ControlGuard
 from daemon.runtime.runs import Run, RunController
 from scheduling.control import (
     ControlDecision,
-    ControlPolicy,
     ControlStep,
     ControlView,
     Directives,
     FutureStatus,
     FutureView,
-    GlobalController,
     InstanceState,
     InstanceView,
     Kill,
@@ -46,12 +54,10 @@ from scheduling.control import (
     decision_from_dict,
     decision_to_dict,
 )
-from scheduling.control_policies import CONTROL_POLICIES, make_control_policy
+from scheduling.control_policies import make_control_policy
 
 log = logging.getLogger("agentd.control")
 
-DEFAULT_POLICY = "nalar-default"
-PERIOD_S = 0.5
 REPEAT_AFTER_S = 2.0  # the same decision is not sent again within this (views lag)
 _TRACE_KEYS = frozenset({"kind", "reason", "session_id", "program_id", "run_id", "ts"})
 
@@ -209,11 +215,16 @@ def _local(d: ControlDecision, views: dict[str, RunView]) -> list[tuple[str, Con
     return [(rid, Provision(agent, d.node, d.reason))]
 
 
+def _builtin_guard() -> ControlGuard:
+    """Until the registry installs its guard (and in a daemon without one)."""
+    policy = make_control_policy(DEFAULT_CONTROL_POLICY)
+    return ControlGuard(Active(DEFAULT_CONTROL_POLICY, 1, policy))
+
+
 @dataclass
 class ControlLoop:
     runs: RunController
-    controller: GlobalController = field(
-        default_factory=lambda: GlobalController(make_control_policy(DEFAULT_POLICY), PERIOD_S))
+    guard: ControlGuard = field(default_factory=_builtin_guard)
     views: dict[str, RunView] = field(default_factory=dict)
     pending: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     last_step: dict[str, Any] | None = None
@@ -249,13 +260,23 @@ class ControlLoop:
                             "reason": problem})
         return results
 
-    def swap(self, name: str) -> ControlPolicy:
-        """Make the built-in policy `name` active from the next period; KeyError if none."""
-        return self.controller.swap(make_control_policy(name))
+    # --- the policy registry's side -----------------------------------------------------
+
+    def install(self, guard: ControlGuard) -> None:
+        """Run the registry's guard from the next period on (at the registry's start)."""
+        self.guard = guard
+
+    def snapshot(self, max_runs: int) -> ControlView:
+        """The joined view of the runs that reported last, for validating a version
+        against what the daemon sees now (empty when no run reports)."""
+        live = self._live()
+        return _joined(dict(list(live.items())[-max_runs:]))
 
     # --- the loop -----------------------------------------------------------------------
 
     def start(self) -> None:
+        # The registry reaches the loop through the core, as it reaches core.kv and core.slo.
+        self.runs.core.control = self
         self._task = asyncio.create_task(self._loop(), name="control-loop")
 
     async def stop(self) -> None:
@@ -263,10 +284,12 @@ class ControlLoop:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if getattr(self.runs.core, "control", None) is self:
+            self.runs.core.control = None
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(self.controller.period_s)
+            await asyncio.sleep(self.guard.period_s)
             try:
                 await self.tick()
             except Exception:
@@ -278,12 +301,13 @@ class ControlLoop:
             return None
         joined = _joined(live)
         t0 = time.perf_counter()
-        step = await asyncio.to_thread(self.controller.step, joined, time.time())
-        self.last_step = {"policy": step.policy, "at": step.at, "runs": len(live),
-                          "futures": len(joined.futures), "instances": len(joined.instances),
-                          "accepted": len(step.accepted), "rejected": len(step.rejected),
+        active, step = await self.guard.step(joined, time.time())
+        self.last_step = {"policy": active.name, "version": active.version, "at": step.at,
+                          "runs": len(live), "futures": len(joined.futures),
+                          "instances": len(joined.instances), "accepted": len(step.accepted),
+                          "rejected": len(step.rejected),
                           "duration_ms": (time.perf_counter() - t0) * 1e3}
-        self._dispatch(step, live)
+        self._dispatch(step, live, active)
         return step
 
     def _live(self) -> dict[str, RunView]:
@@ -293,29 +317,30 @@ class ControlLoop:
             self._rejected.pop(rid, None)
         return dict(self.views)
 
-    def _dispatch(self, step: ControlStep, live: dict[str, RunView]) -> None:
+    def _dispatch(self, step: ControlStep, live: dict[str, RunView], active: Active) -> None:
         rejected_now: dict[str, set[str]] = {}
         for d in step.accepted:
             for rid, local in _local(d, live):
-                self._queue(self.runs.runs[rid], local, step.policy, None)
+                self._queue(self.runs.runs[rid], local, active.name, None, active.version)
         for r in step.rejected:
             for rid, local in _local(r.decision, live):
                 key = f"{decision_to_dict(local)}: {r.reason}"
                 rejected_now.setdefault(rid, set()).add(key)
                 if key not in self._rejected.get(rid, set()):
-                    self._queue(self.runs.runs[rid], local, step.policy, r.reason)
+                    self._queue(self.runs.runs[rid], local, active.name, r.reason,
+                                active.version)
         self._rejected = rejected_now
 
     def _queue(self, run: Run, d: ControlDecision, by: str, problem: str | None,
-               force: bool = False) -> None:
+               version: int | None = None, force: bool = False) -> None:
         data = decision_to_dict(d)
         key = (run.id, repr(data))
         now = time.time()
         if problem is None and not force and now - self._sent.get(key, 0.0) < REPEAT_AFTER_S:
             return  # already sent; the view it was based on has not caught up yet
         fields = {f"decision_{k}" if k in _TRACE_KEYS else k: v for k, v in data.items()}
-        self.runs.trace(run, "control.decision", by=by, ok=problem is None, reason=problem,
-                        **fields)
+        self.runs.trace(run, "control.decision", by=by, policy_version=version,
+                        ok=problem is None, reason=problem, **fields)
         if problem is not None:
             return
         self._sent[key] = now
@@ -327,9 +352,7 @@ class ControlLoop:
             self._sent = {k: t for k, t in self._sent.items() if now - t < REPEAT_AFTER_S}
 
     def status(self) -> dict[str, Any]:
-        return {"policy": self.controller.policy.name, "period_s": self.controller.period_s,
+        active = self.guard.current
+        return {"policy": active.name, "version": active.version,
+                "period_s": self.guard.period_s, "in_probation": self.guard.in_probation(),
                 "runs_reporting": len(self.views), "last_step": self.last_step}
-
-
-def known_policies() -> list[str]:
-    return sorted(CONTROL_POLICIES)

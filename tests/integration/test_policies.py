@@ -107,7 +107,7 @@ def test_builtins_registered_and_validation_errors_reported(pd: PolicyDaemon) ->
     assert r.status_code == 201 and "exactly one subclass of OrderingPolicy" in errors[0]["message"]
     active = {p["layer"]: p["name"] for p in pd.get("/v1/policies").json()["data"] if p["active"]}
     assert active == {"kv": "vllm-default", "ordering": "fcfs", "meta": "meta-rules",
-                      "admission": "statera"}
+                      "admission": "statera", "control": "nalar-default"}
 
 
 def test_swap_under_load_rollback_history_and_restart(pd: PolicyDaemon) -> None:
