@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import quote
 
 from console.client import AgentdClient, Call, ClientError
+from console.policy_templates import template
 
 
 def _path(name: str, suffix: str = "") -> str:
@@ -38,11 +39,14 @@ def _report(v: dict[str, Any]) -> str:
 
 
 def cmd_list(c: AgentdClient, a: argparse.Namespace) -> int:
-    rows = c.call(Call("GET", "/v1/policies"))["data"]
-    text = "\n".join(f"{'*' if r['active'] else ' '} {r['name']:<20} {r['layer']:<6} "
-                     f"versions={r['versions']} active={r['active_version'] or '-'}"
-                     for r in rows)
-    _print(a, rows, text)
+    rows = sorted(c.call(Call("GET", "/v1/policies"))["data"],
+                  key=lambda r: (r["layer"], r["name"]))
+    name_w = max((len(r["name"]) for r in rows), default=4)
+    layer_w = max((len(r["layer"]) for r in rows), default=5)
+    text = "\n".join(f"{'*' if r['active'] else ' '} {r['layer']:<{layer_w}} "
+                     f"{r['name']:<{name_w}} versions={r['versions']} "
+                     f"active={r['active_version'] or '-'}" for r in rows)
+    _print(a, rows, text or "(no policies)")
     return 0
 
 
@@ -76,12 +80,12 @@ def cmd_diff(c: AgentdClient, a: argparse.Namespace) -> int:
 
 
 def cmd_edit(c: AgentdClient, a: argparse.Namespace) -> int:
-    current = c.call(Call("GET", _path(a.name)))
-    source = _edit(current["source"])
-    if source == current["source"]:
-        print("no changes", flush=True)
+    layer, original = _starting_point(c, a)
+    source = _edit(original)
+    if source == original:
+        print("no changes; nothing stored", flush=True)
         return 0
-    v = c.call(Call("PUT", _path(a.name), body={"layer": current["layer"], "source": source}))
+    v = c.call(Call("PUT", _path(a.name), body={"layer": layer, "source": source}))
     print(_report(v), flush=True)
     if not v["validation"].get("ok"):
         return 1
@@ -90,6 +94,27 @@ def cmd_edit(c: AgentdClient, a: argparse.Namespace) -> int:
     r = c.call(Call("POST", _path(a.name, "/activate"), body={"version": v["version"]}))
     print(f"activated {r['name']} v{r['version']} (swap {r['swap_us']} us)", flush=True)
     return 0
+
+
+def _starting_point(c: AgentdClient, a: argparse.Namespace) -> tuple[str, str]:
+    """(layer, source to edit): the stored policy's, or a template for a new one."""
+    try:
+        current = c.call(Call("GET", _path(a.name)))
+    except ClientError as exc:
+        if exc.status != 404:
+            raise
+        if a.layer is None:
+            raise ClientError(f"no policy named {a.name!r}; to create it, give its layer: "
+                              f"agentctl policy edit {a.name} --layer LAYER") from exc
+        layers = sorted({r["layer"] for r in c.call(Call("GET", "/v1/policies"))["data"]})
+        if a.layer not in layers:
+            raise ClientError(f"unknown layer {a.layer!r}; the daemon has "
+                              f"{', '.join(layers)}") from exc
+        return a.layer, template(a.layer, a.name)
+    if a.layer is not None and a.layer != current["layer"]:
+        raise ClientError(f"policy {a.name!r} belongs to layer {current['layer']!r}, "
+                          f"not {a.layer!r}")
+    return current["layer"], current["source"]
 
 
 def _edit(text: str) -> str:
@@ -123,7 +148,8 @@ def add_policy_parser(subparsers: Any,
         "activate": (cmd_activate, "operator: validate and swap in a version"),
         "rollback": (cmd_rollback, "operator: put back the previously active version"),
         "diff": (cmd_diff, "unified diff between two versions"),
-        "edit": (cmd_edit, "operator: edit the source in $EDITOR, store, optionally activate"),
+        "edit": (cmd_edit, "operator: edit the source in $EDITOR (a new policy: from a "
+                           "template of --layer), store, optionally activate"),
     }
     for action, (func, text) in specs.items():
         p = actions.add_parser(action, help=text, description=text)
@@ -137,3 +163,6 @@ def add_policy_parser(subparsers: Any,
     by_name["diff"].add_argument("a", type=int, metavar="A")
     by_name["diff"].add_argument("b", type=int, metavar="B")
     by_name["edit"].add_argument("--yes", action="store_true", help="activate without asking")
+    by_name["edit"].add_argument("--layer", default=None, metavar="LAYER",
+                                 help="for a new policy: its layer (kv, ordering, meta, "
+                                      "admission, ...); it starts from a template")

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from daemon.policies.clock import cpu_time
 from daemon.policies.validate import deadline
 from scheduling.kv import Decision, KvPolicy, KvView
 
@@ -110,14 +111,14 @@ class Guard:
         budget = self.budget_s if budget_s is None else budget_s
         # CPU time of this thread, not wall time: on a busy machine the daemon can be
         # descheduled mid-call, which says nothing about the policy.
-        start = time.thread_time()
+        start = cpu_time()
         try:
             with deadline(max(HARD_LIMIT_S, 2 * budget) if probation else 0):
                 result = fn(active.policy)
         except Exception as exc:
             self._fail(active, f"raised {type(exc).__name__}: {exc}")
             return self.call(fn, budget_s)
-        elapsed = time.thread_time() - start
+        elapsed = cpu_time() - start
         if probation and elapsed > budget:
             self._fail(active, f"a call took {elapsed * 1000:.1f} ms of CPU during probation; "
                                f"the budget is {budget * 1000:.1f} ms")

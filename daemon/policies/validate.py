@@ -1,32 +1,34 @@
 """Validation of a policy version before it may be activated.
 
 Steps: compile (syntax errors with lines), AST allow-list, restricted exec, interface
-check (exactly one subclass of the layer's interface, its methods present, `name` set
-to the policy's name), then a dry run on snapshots with a time budget per call. The
+check (daemon/policies/interface.py), then a dry run on snapshots with a budget of CPU
+time per call, garbage collection left out (daemon/policies/clock.py). A call over its
+budget is run once more under a sampler to name the line it spends its time on
+(daemon/policies/hotspot.py). Every problem carries a line where one can be named. The
 report is what gets stored with the version.
 """
 
 from __future__ import annotations
 
-import contextlib
-import signal
-import threading
+import functools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import Any
 
+from daemon.policies.clock import cpu_time
+from daemon.policies.deadline import PolicyTimeout, deadline
+from daemon.policies.hotspot import hot_line
+from daemon.policies.interface import find_class
 from daemon.policies.layers import Layer
 from daemon.policies.sandbox import Problem, SandboxError, error_line, load
 
+__all__ = ["CALL_BUDGET_S", "PolicyTimeout", "Report", "deadline", "dry_run", "filename_for",
+           "find_class", "load_class", "validate"]
+
 CALL_BUDGET_S = 0.005  # per dry-run call
 HARD_LIMIT_S = 1.0  # a call still running after this is interrupted (main thread only)
-REPEATS = 3  # a call's time is the best of this many runs, so one GC pause does not fail it
-
-
-class PolicyTimeout(Exception):
-    """Raised inside a policy call that ran past its hard limit."""
+REPEATS = 3  # a call's time is the best of this many runs: a cold first run does not fail it
 
 
 @dataclass
@@ -58,29 +60,7 @@ def filename_for(name: str, version: int | None) -> str:
 def load_class(layer: Layer, name: str, source: str, filename: str) -> type:
     """Exec the source and return its one policy class; SandboxError otherwise."""
     namespace = load(source, filename)
-    return find_class(layer, name, namespace)
-
-
-def find_class(layer: Layer, name: str, namespace: dict[str, Any]) -> type:
-    found = [v for v in namespace.values() if isinstance(v, type)
-             and issubclass(v, layer.interface) and v.__module__ == namespace["__name__"]]
-    iface = layer.interface.__name__
-    if len(found) != 1:
-        listed = ", ".join(c.__name__ for c in found) or "none"
-        raise SandboxError([Problem(f"the source must define exactly one subclass of {iface}; "
-                                    f"found {len(found)} ({listed})")])
-    cls = found[0]
-    problems = [Problem(f"{cls.__name__} does not define {m}()")
-                for m in layer.methods if not callable(getattr(cls, m, None))]
-    abstract = sorted(getattr(cls, "__abstractmethods__", ()))
-    if abstract:
-        problems.append(Problem(f"{cls.__name__} leaves abstract: {', '.join(abstract)}"))
-    if getattr(cls, "name", None) != name:
-        problems.append(Problem(f"{cls.__name__}.name must be {name!r}, "
-                                f"got {getattr(cls, 'name', None)!r}"))
-    if problems:
-        raise SandboxError(problems)
-    return cls
+    return find_class(layer, name, namespace, source)
 
 
 def validate(layer: Layer, name: str, source: str, snapshots: Sequence[tuple[str, Any]],
@@ -103,21 +83,22 @@ def validate(layer: Layer, name: str, source: str, snapshots: Sequence[tuple[str
     for label, view in snapshots:
         report.snapshots.append(label)
         for call, thunk in layer.dry_calls(view, now):
-            dry_run(report, f"{label}:{call}", lambda t=thunk: t(policy), filename)
+            dry_run(report, f"{label}:{call}", functools.partial(thunk, policy), filename)
     return report
 
 
-def dry_run(report: Report, label: str, thunk: Any, filename: str) -> None:
+def dry_run(report: Report, label: str, thunk: Callable[[], str | None],
+            filename: str) -> None:
     best = float("inf")
     for _ in range(REPEATS):
-        start = time.perf_counter()
+        start = cpu_time()
         try:
             with deadline(HARD_LIMIT_S):
                 problem = thunk()
         except Exception as exc:
             report.fail(f"{label} raised {type(exc).__name__}: {exc}", error_line(exc, filename))
             return
-        best = min(best, time.perf_counter() - start)
+        best = min(best, cpu_time() - start)
         if problem is not None:
             report.fail(f"{label}: {problem}")
             return
@@ -125,28 +106,7 @@ def dry_run(report: Report, label: str, thunk: Any, filename: str) -> None:
             break  # no point repeating a call that is far over
     report.timings_ms[label] = round(best * 1000, 3)
     if best > CALL_BUDGET_S:
-        report.fail(f"{label} took {best * 1000:.1f} ms; the budget is "
-                    f"{CALL_BUDGET_S * 1000:.1f} ms per call")
-
-
-@contextlib.contextmanager
-def deadline(seconds: float) -> Iterator[None]:
-    """Interrupt the block with PolicyTimeout after `seconds` (SIGALRM; main thread only,
-    elsewhere the block simply runs to completion and is timed afterwards)."""
-    if threading.current_thread() is not threading.main_thread() or seconds <= 0:
-        yield
-        return
-    armed = [True]
-
-    def on_alarm(_sig: int, _frame: FrameType | None) -> None:
-        if armed[0]:
-            raise PolicyTimeout(f"still running after {seconds:.3f} s")
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        armed[0] = False
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        line = hot_line(thunk, filename)
+        where = f" (most of it on line {line})" if line is not None else ""
+        report.fail(f"{label} took {best * 1000:.1f} ms of CPU{where}; the budget is "
+                    f"{CALL_BUDGET_S * 1000:.1f} ms per call", line)

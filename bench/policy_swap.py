@@ -1,0 +1,370 @@
+"""Hot-swapping policies under load: swap latency and dispatch stalls, per layer.
+
+    python -m bench.policy_swap [--rounds N] [--baseline-s S] [--concurrency C]
+    ->  bench/results/policy_swap.json, policy_swap.png
+
+A real daemon (SQLite store, trace on, two sim workers) serves steady traffic:
+`--concurrency` closed-loop `openai` async clients in a separate process
+(bench/policy_swap_load.py), one program each. The sim step time is scaled to zero by
+default, so dispatches are as dense as the daemon makes them and a stall shows (at the
+modelled speed a worker's batch finishes together and dispatches come in bursts one
+step apart). First a phase without swaps (the baseline), then `--rounds` rounds; each
+round, for each layer (kv, ordering, meta, admission), stores a new version of an
+operator policy, alternating between two valid sources (bench/policy_swap_sources.py),
+activates it and reads it back.
+
+What is measured:
+- store: PUT /v1/policies/NAME (validated against the live snapshot) until it answers.
+- activate: from sending POST /v1/policies/NAME/activate until a read shows the version
+  active: GET /v1/policies (the store) and, for the SLO layers, GET /v1/scheduling (the
+  layer's guard in the daemon). `swap_us` is the daemon's own time for the swap itself.
+- dispatch stalls: every request's `dispatched_at` (the daemon's time.time() when it
+  sent the request to a worker; GET /v1/programs/ID lists them), sorted over all
+  programs. For each window (the store request, the activate request from sending to
+  its answer, and a control request, GET /healthz, sent the same way after each swap)
+  the longest gap between consecutive dispatches that overlaps it; and for windows of
+  the activate windows' lengths laid at random over the phase without swaps (the
+  baseline; bench/policy_swap_report.py). The control shows what any request to the
+  daemon costs the dispatch cadence on this machine; the activate windows' excess over
+  the baseline is what the whole activation request adds (its store transactions, the
+  validation, the swap), and the loop hold below says how much of it is one stretch.
+- the daemon's event-loop thread: its share of wall time on a CPU and waiting for one
+  (/proc/PID/task/PID/schedstat), in the baseline and the swap phase, to tell a stall
+  caused by the daemon from one caused by a busy machine; and, after the load stopped
+  (the SLO views still hold its last 60 s), the loop thread's CPU time while it serves
+  one store, one activate and one control request, per layer.
+- loop hold: in the daemon, each store and activate call of the registry is driven
+  step by step (bench/daemon_probe/sitecustomize.py, on the daemon's PYTHONPATH; it
+  only measures). A step is a stretch the call runs on the event loop without awaiting,
+  so nothing else (no dispatch) can run; the longest step is the stall the swap itself
+  causes, counted in wall time, in CPU time, and in wall time less garbage collection.
+- the daemon's own scheduling ticks (SLO and KV), which hold the loop with or without
+  swaps (the same probe).
+- garbage collection: every collection of 1 ms or more in the daemon and its workers
+  (the same probe), so that a dispatch gap can be told to hold a collection.
+- failed requests: client errors, non-finished answers and requests not `finished`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.common import RESULTS, log
+from bench.policy_swap_analysis import (
+    curves,
+    gc_summary,
+    loop_hold,
+    per_layer,
+    probe_path,
+    read_probe,
+    stalls,
+    tick_summary,
+)
+from bench.policy_swap_load import Load, LoadResult
+from bench.policy_swap_report import STALL_TARGET_MS, gaps_between, pct, plot, summary
+from bench.policy_swap_sources import SOURCES
+from tests.daemon_process import DaemonProcess
+
+READBACK_TIMEOUT_S = 2.0
+SLO_LAYERS = ("ordering", "meta", "admission")
+
+
+class SwapError(RuntimeError):
+    pass
+
+
+def _checked(r: httpx.Response, status: int, what: str) -> dict[str, Any]:
+    if r.status_code != status:
+        raise SwapError(f"{what}: HTTP {r.status_code}: {r.text[:400]}")
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def _running(c: httpx.Client, layer: str) -> tuple[tuple[str, int] | None, Any]:
+    """What the store says is active on `layer`, and what the layer's guard runs (the
+    SLO layers; None for kv, whose guard the API does not show)."""
+    rows = _checked(c.get("/v1/policies"), 200, "list policies")["data"]
+    stored = next(((p["name"], p["active_version"]) for p in rows
+                   if p["layer"] == layer and p["active"]), None)
+    if layer not in SLO_LAYERS:
+        return stored, None
+    live = _checked(c.get("/v1/scheduling"), 200, "scheduling status")["policies"][layer]
+    return stored, (live["name"], live["version"])
+
+
+def _wait_active(c: httpx.Client, layer: str, name: str, version: int) -> str | None:
+    """None once a read shows (name, version) active; else what runs instead."""
+    deadline = time.perf_counter() + READBACK_TIMEOUT_S
+    while True:
+        stored, live = _running(c, layer)
+        if stored == (name, version) and live in (None, (name, version)):
+            return None
+        if time.perf_counter() > deadline:
+            return f"store: {stored}, guard: {live}"
+        time.sleep(0.001)
+
+
+def _timed(request: Any) -> tuple[tuple[float, float], httpx.Response]:
+    start = time.time()
+    response = request()
+    return (start, time.time()), response
+
+
+def swap_once(c: httpx.Client, layer: str, variant: int, pause_s: float) -> dict[str, Any]:
+    """Store, activate and read back one version; then one control request."""
+    name, sources = SOURCES[layer]
+    put, r = _timed(lambda: c.put(f"/v1/policies/{name}", json={
+        "layer": layer, "source": sources[variant]}))
+    stored = _checked(r, 201, f"store {name}")
+    if not stored["validation"]["ok"]:
+        raise SwapError(f"{name} failed validation: {stored['validation']['errors']}")
+    version = int(stored["version"])
+    time.sleep(pause_s)
+    started = time.perf_counter()
+    activate, r = _timed(lambda: c.post(f"/v1/policies/{name}/activate",
+                                        json={"version": version}))
+    answer = _checked(r, 200, f"activate {name} v{version}")
+    instead = (f"when it answered, {answer['active']} was active"
+               if answer["active"] != {"name": name, "version": version}
+               else _wait_active(c, layer, name, version))
+    activate_ms = 1000 * (time.perf_counter() - started)
+    if instead is not None:
+        log(f"  {name} v{version} did not stay active: {instead}")
+    time.sleep(pause_s)
+    control, r = _timed(lambda: c.get("/healthz"))
+    _checked(r, 200, "healthz")
+    return {"layer": layer, "version": version, "put": put, "activate": activate,
+            "control": control, "put_ms": 1000 * (put[1] - put[0]),
+            "activate_ms": activate_ms, "answer_ms": 1000 * (activate[1] - activate[0]),
+            "swap_us": float(answer["swap_us"]), "not_active": instead}
+
+
+def dispatch_times(c: httpx.Client, programs: list[str]) -> tuple[list[float], dict[str, int]]:
+    times: list[float] = []
+    statuses: dict[str, int] = {}
+    for pid in programs:
+        r = c.get(f"/v1/programs/{pid}")
+        if r.status_code == 404:
+            continue
+        for req in _checked(r, 200, f"program {pid}")["requests"]:
+            statuses[req["status"]] = statuses.get(req["status"], 0) + 1
+            if req["dispatched_at"] is not None:
+                times.append(float(req["dispatched_at"]))
+    return sorted(times), statuses
+
+
+def trace_summary(c: httpx.Client) -> dict[str, Any]:
+    """Daemon-level scheduling events by kind, and every rollback with its reason."""
+    counts: dict[str, int] = {}
+    rollbacks: list[dict[str, Any]] = []
+    after = 0
+    while True:
+        page = _checked(c.get("/v1/scheduling/trace", params={"after": after, "limit": 5000}),
+                        200, "scheduling trace")
+        for e in page["data"]:
+            key = e["kind"] + (":startup" if e["data"].get("by") == "startup" else "")
+            counts[key] = counts.get(key, 0) + 1
+            if e["kind"] in ("policy.rolled_back", "ordering.rollback"):
+                rollbacks.append({"ts": e["ts"], "kind": e["kind"], **e["data"]})
+        if page["next_after"] is None:
+            return {"events": counts, "rollbacks": rollbacks}
+        after = page["next_after"]
+
+
+def _schedstat(pid: int) -> tuple[float, float]:
+    """(seconds on a CPU, seconds waiting for one) of the daemon's event-loop thread."""
+    try:
+        run_ns, wait_ns, _ = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
+    except (OSError, ValueError):
+        return (0.0, 0.0)
+    return (int(run_ns) / 1e9, int(wait_ns) / 1e9)
+
+
+def _cpu_shares(a: tuple[float, float, float], b: tuple[float, float, float]) -> dict[str, float]:
+    wall = max(1e-9, b[0] - a[0])
+    return {"on_cpu": round((b[1] - a[1]) / wall, 3),
+            "waiting_for_cpu": round((b[2] - a[2]) / wall, 3)}
+
+
+def loop_cost(c: httpx.Client, pid: int, repeats: int, first_variant: int) -> dict[str, Any]:
+    """CPU ms of the daemon's event-loop thread while it serves each request, with no
+    traffic: store, activate (without the read back) and the control, per layer."""
+    out: dict[str, Any] = {}
+    for layer, (name, sources) in SOURCES.items():
+        spent: dict[str, list[float]] = {"store": [], "activate": [], "control": []}
+        for k in range(repeats):
+            marks = [_schedstat(pid)[0]]
+            r = c.put(f"/v1/policies/{name}", json={
+                "layer": layer, "source": sources[(first_variant + k) % 2]})
+            version = _checked(r, 201, f"store {name}")["version"]
+            marks.append(_schedstat(pid)[0])
+            _checked(c.post(f"/v1/policies/{name}/activate", json={"version": version}),
+                     200, f"activate {name}")
+            marks.append(_schedstat(pid)[0])
+            _checked(c.get("/healthz"), 200, "healthz")
+            marks.append(_schedstat(pid)[0])
+            for key, a, b in zip(spent, marks, marks[1:], strict=False):
+                spent[key].append(1000 * (b - a))
+            time.sleep(0.05)
+        out[layer] = {key: {"min": round(min(v), 2), "p50": round(pct(v, 50), 2)}
+                      for key, v in spent.items()}
+    return out
+
+
+def drive(d: DaemonProcess, args: argparse.Namespace) -> dict[str, Any]:
+    c = httpx.Client(base_url=d.url, headers=d.auth_headers(), timeout=30)
+    assert d.proc is not None
+    pid = d.proc.pid
+
+    def mark() -> tuple[float, float, float]:
+        return (time.time(), *_schedstat(pid))
+
+    swaps: list[dict[str, Any]] = []
+    with Load(d.url, d.token, args.concurrency) as load:
+        time.sleep(args.warmup_s)
+        m0 = mark()
+        log(f"baseline: {args.baseline_s:.0f} s of load without swaps")
+        time.sleep(args.baseline_s)
+        m1 = mark()
+        for n in range(args.rounds):
+            for layer in SOURCES:
+                swaps.append(swap_once(c, layer, n % 2, args.pause_s))
+                time.sleep(args.pause_s)
+            last = swaps[-len(SOURCES):]
+            log(f"round {n + 1}/{args.rounds}: " + "  ".join(
+                f"{s['layer']} v{s['version']} {s['activate_ms']:.1f} ms" for s in last))
+        m2 = mark()
+        time.sleep(1.0)
+    log(f"load: {load.result.sent} sent, {load.result.ok} ok, "
+        f"{len(load.result.errors)} failed; the loop thread's CPU per request, no traffic")
+    cost = loop_cost(c, pid, args.cost_repeats, args.rounds % 2)
+    dispatches, statuses = dispatch_times(c, load.result.programs)
+    return {"swaps": swaps, "base": (m0[0], m1[0]), "swap_phase": (m1[0], m2[0]),
+            "load": load.result, "dispatches": dispatches, "statuses": statuses,
+            "trace": trace_summary(c), "loop_cpu_ms_per_request": cost,
+            "loop_thread": {"baseline": _cpu_shares(m0, m1), "swap_phase": _cpu_shares(m1, m2)}}
+
+
+def report(run: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    load: LoadResult = run["load"]
+    d, base, phase = run["dispatches"], run["base"], run["swap_phase"]
+    not_finished = sum(n for s, n in run["statuses"].items() if s != "finished")
+    overall = stalls(run, run["swaps"])
+    names = {name for name, _ in SOURCES.values()}
+    hold = {call: loop_hold(run, call, names) for call in ("activate", "put")}
+    act, ctl = overall["stall_during_activate"], overall["stall_during_control"]
+    return {
+        "benchmark": "policy_swap", "workers": 2,
+        "engine": f"sim (step time scale {args.time_scale})", "machine_cores": os.cpu_count(),
+        "machine_load_1m": os.getloadavg()[0],
+        "params": {k: v for k, v in vars(args).items() if k != "out"},
+        "method": (__doc__ or "").split("What is measured:", 1)[1].strip(),
+        "target": {"stall_ms": STALL_TARGET_MS, "failed_requests": 0},
+        "load": {"sent": load.sent, "ok": load.ok, "failed": len(load.errors),
+                 "errors": load.errors[:5], "requests_by_status": run["statuses"],
+                 "not_finished": not_finished,
+                 "dispatches_per_s": round(len(d) / max(1e-9, d[-1] - d[0]), 1) if d else 0},
+        "daemon_loop_thread": run["loop_thread"],
+        "loop_cpu_ms_per_request": run["loop_cpu_ms_per_request"],
+        "garbage_collections": gc_summary(run),
+        "scheduling_ticks": tick_summary(run),
+        "dispatch_gaps_ms": {
+            "baseline": summary([1000 * g for g in gaps_between(d, *base)], 3),
+            "swap_phase": summary([1000 * g for g in gaps_between(d, *phase)], 3)},
+        "all_layers": {**overall, "loop_hold_activate": hold["activate"],
+                       "loop_hold_store": hold["put"]},
+        "layers": per_layer(run), "trace": run["trace"],
+        "verdict": {
+            "failed_requests": len(load.errors) + not_finished,
+            "rollbacks": len(run["trace"]["rollbacks"]),
+            "swaps_not_confirmed": sum(s["not_active"] is not None for s in run["swaps"]),
+            "longest_loop_hold_activate_ms": hold["activate"]["wall_ms"]["max"],
+            "longest_loop_hold_activate_less_gc_ms": hold["activate"]["wall_less_gc_ms"]["max"],
+            "longest_loop_hold_activate_cpu_less_gc_ms": hold["activate"]["cpu_less_gc_ms"][
+                "max"],
+            "longest_loop_hold_store_cpu_less_gc_ms": hold["put"]["cpu_less_gc_ms"]["max"],
+            "activations_holding_the_loop_over_10ms": {
+                k: hold["activate"][f"over_10ms_{k}"] for k in ("wall_less_gc", "cpu_less_gc")},
+            "worst_activate_stall_ms": act["stall_ms"]["max"],
+            "worst_activate_stall_ms_no_gc": act["stall_ms_no_gc"]["max"],
+            "activations_over_10ms": act["over_10ms"],
+            "activations_over_10ms_no_gc": act["over_10ms_no_gc"],
+            "control_requests_over_10ms": ctl["over_10ms"],
+            "control_requests_over_10ms_no_gc": ctl["over_10ms_no_gc"],
+            "baseline_windows_over_10ms_share": act["baseline_over_10ms_share"],
+            "activate_minus_control_ms": overall["activate_minus_control_ms"]},
+    }
+
+
+def _cells(stats: dict[str, float], keys: tuple[str, ...] = ("p50", "p99", "max")) -> str:
+    return "/".join(f"{stats[k]:.1f}" for k in keys)
+
+
+def _table(out: dict[str, Any]) -> None:
+    """One line per layer (ms): latencies; the longest stretch an activation held the
+    event loop (CPU less GC); dispatch stalls of GC-free windows: activate, control,
+    baseline."""
+    log(f"{'layer':<10} {'activate':>12} {'store':>11} | {'loop hold CPU':>16} | stall no-GC "
+        f"p50/p99/max: {'activate':>16} {'control':>16} {'baseline':>16}")
+    for layer, s in {**out["layers"], "all": out["all_layers"]}.items():
+        lat = (f"{_cells(s['activate_ms'], ('p50', 'p99')):>12} "
+               f"{_cells(s['put_ms'], ('p50', 'p99')):>11}") if "put_ms" in s else " " * 24
+        act, ctl = s["stall_during_activate"], s["stall_during_control"]
+        log(f"{layer:<10} {lat} | {_cells(s['loop_hold_activate']['cpu_less_gc_ms']):>16} | "
+            f"{'':>23}{_cells(act['stall_ms_no_gc']):>16} {_cells(ctl['stall_ms_no_gc']):>16} "
+            f"{_cells(act['baseline_stall_ms_no_gc']):>16}")
+    log("event-loop CPU per request, no traffic, min/p50 ms: " + "  ".join(
+        f"{layer}: store {v['store']['min']}/{v['store']['p50']} activate "
+        f"{v['activate']['min']}/{v['activate']['p50']} control {v['control']['min']}"
+        for layer, v in out["loop_cpu_ms_per_request"].items()))
+    log("the daemon's own ticks (ms, less GC, p50/p99/max): " + "  ".join(
+        f"{kind} {_cells(t['wall_less_gc_ms'])} ({t['over_1ms']} over 1 ms)"
+        for kind, t in out["scheduling_ticks"].items()))
+    log(f"verdict: {json.dumps(out['verdict'])}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=25)
+    ap.add_argument("--baseline-s", type=float, default=25.0)
+    ap.add_argument("--warmup-s", type=float, default=3.0)
+    ap.add_argument("--pause-s", type=float, default=0.3, help="between two swaps")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--cost-repeats", type=int, default=10,
+                    help="requests per layer in the no-traffic CPU measurement")
+    ap.add_argument("--time-scale", type=float, default=0.0,
+                    help="sim step-time scale (0: zero-cost engine, dispatches densest)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "policy_swap.json")
+    args = ap.parse_args(argv)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = Path(tmp) / "probe"
+        probe.mkdir()
+        d = DaemonProcess(data_dir=Path(tmp) / "data", workers=2, env={
+            "AGENTD_LOG_LEVEL": "warning", "AGENTD_SIM_TIME_SCALE": str(args.time_scale),
+            "AGENTD_BENCH_PROBE": str(probe), "PYTHONPATH": probe_path()})
+        d.start()
+        try:
+            run = drive(d, args)
+        finally:
+            d.stop()
+        run["collections"], run["calls"], run["ticks"] = read_probe(probe)
+    out = report(run, args)
+    plot(out["layers"], curves(run), args.out.with_suffix(".png"))
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    _table(out)
+    log(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+    return 0 if out["verdict"]["failed_requests"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

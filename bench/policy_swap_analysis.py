@@ -1,0 +1,133 @@
+"""The swap benchmark's figures from one run (bench/policy_swap.py): dispatch stalls per
+window kind, the event-loop hold of each registry call, the daemon's ticks and garbage
+collections, all read from the daemon probe (bench/daemon_probe/sitecustomize.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from bench.policy_swap_report import (
+    STALL_TARGET_MS,
+    baseline_stalls,
+    longest_gap,
+    summary,
+    window_stats,
+)
+from bench.policy_swap_sources import SOURCES
+
+WINDOWS = {"activate": "activate request", "put": "store request",
+           "control": "control (GET /healthz)"}
+
+
+def stalls(run: dict[str, Any], swaps: list[dict[str, Any]]) -> dict[str, Any]:
+    d, base, pauses = run["dispatches"], run["base"], _pauses(run)
+    out = {f"stall_during_{kind}": window_stats(d, [s[kind] for s in swaps], base, pauses)
+           for kind in WINDOWS}
+    act, ctl = out["stall_during_activate"], out["stall_during_control"]
+    out["activate_minus_control_ms"] = {
+        key: {q: round(act[key][q] - ctl[key][q], 2) for q in ("p50", "p99")}
+        for key in ("stall_ms", "stall_ms_no_gc")}
+    return out
+
+
+def loop_hold(run: dict[str, Any], call: str, names: set[str]) -> dict[str, Any]:
+    """The longest step (ms) of each `call` of the swap phase to a policy in `names`:
+    in wall time, and in wall and CPU time less the collections inside the step."""
+    start, end = run["swap_phase"]
+    calls = [c for c in run["calls"] if c["call"] == call and c["name"] in names
+             and start <= c["end"] <= end and c["steps"]]
+
+    def longest(index: int, gc_index: int | None = None) -> list[float]:
+        return [1000 * max(st[index] - (st[gc_index] if gc_index else 0.0) for st in c["steps"])
+                for c in calls]
+
+    wall, cpu = longest(0, 2), longest(1, 3)
+    return {"wall_ms": summary(longest(0)), "wall_less_gc_ms": summary(wall),
+            "cpu_less_gc_ms": summary(cpu),
+            "over_10ms_wall_less_gc": sum(v > STALL_TARGET_MS for v in wall),
+            "over_10ms_cpu_less_gc": sum(v > STALL_TARGET_MS for v in cpu),
+            "steps_per_call": summary([len(c["steps"]) for c in calls], 0)}
+
+
+def tick_summary(run: dict[str, Any]) -> dict[str, Any]:
+    """The daemon's scheduling ticks of 1 ms or more, swap phase and baseline together."""
+    start, end = run["base"][0], run["swap_phase"][1]
+    out: dict[str, Any] = {}
+    for kind in sorted({t["tick"] for t in run["ticks"]}):
+        mine = [t for t in run["ticks"] if t["tick"] == kind and start <= t["end"] <= end]
+        out[kind] = {"over_1ms": len(mine),
+                     "wall_less_gc_ms": summary([1000 * (t["wall"] - t["gc_wall"]) for t in mine]),
+                     "cpu_ms": summary([1000 * t["cpu"] for t in mine])}
+    return out
+
+
+def _pauses(run: dict[str, Any]) -> list[tuple[float, float]]:
+    return [(c["start"], c["end"]) for c in run["collections"]]
+
+
+def gc_summary(run: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for c in run["collections"]:
+        key = f"{'daemon' if c['role'] == 'start' else c['role']} gen{c['generation']}"
+        out.setdefault(key, []).append(1000 * (c["end"] - c["start"]))
+    return {key: {"count": len(v), "wall_ms": summary(v, 1)} for key, v in sorted(out.items())}
+
+
+def per_layer(run: dict[str, Any]) -> dict[str, Any]:
+    layers: dict[str, Any] = {}
+    for layer in SOURCES:
+        mine = [s for s in run["swaps"] if s["layer"] == layer]
+        confirmed = [s for s in mine if s["not_active"] is None]
+        layers[layer] = {
+            "swaps": len(mine),
+            "not_active_after": [s["not_active"] for s in mine if s["not_active"]],
+            "put_ms": summary([s["put_ms"] for s in mine]),
+            "activate_ms": summary([s["activate_ms"] for s in confirmed]),
+            "activate_answer_ms": summary([s["answer_ms"] for s in mine]),
+            "swap_us_in_daemon": summary([s["swap_us"] for s in mine], 1),
+            "loop_hold_activate": loop_hold(run, "activate", {SOURCES[layer][0]}),
+            "loop_hold_store": loop_hold(run, "put", {SOURCES[layer][0]}),
+            **stalls(run, mine),
+        }
+    return layers
+
+
+def curves(run: dict[str, Any]) -> dict[str, list[float]]:
+    d, swaps = run["dispatches"], run["swaps"]
+    raw = {label: [1000 * longest_gap(d, *s[kind]) for s in swaps]
+           for kind, label in WINDOWS.items()}
+    lengths = [s["activate"][1] - s["activate"][0] for s in swaps]
+    raw["baseline (activate lengths)"] = [1000 * g for g in baseline_stalls(
+        d, run["base"], lengths)]
+    return raw
+
+
+def probe_path() -> str:
+    """PYTHONPATH for the daemon: the GC probe first, then what the benchmark has."""
+    here = Path(__file__).resolve().parent
+    rest = [p for p in (str(here.parent), os.environ.get("PYTHONPATH", "")) if p]
+    return os.pathsep.join([str(here / "daemon_probe"), *rest])
+
+
+def read_probe(directory: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                          list[dict[str, Any]]]:
+    """(collections, registry calls, ticks) the daemon probe wrote; see its docstring."""
+    collections, calls, ticks = [], [], []
+    for path in sorted(directory.glob("*.jsonl")):
+        role = path.stem.split("-")[0]
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if "gc" in record:
+                collections.append({"role": role, "start": record["end"] - record["wall"],
+                                    "end": record["end"], "cpu_s": record["cpu"],
+                                    "generation": record["gc"]})
+            elif "tick" in record:
+                ticks.append(record)
+            else:
+                calls.append(record)
+    return collections, calls, ticks
+
+
