@@ -70,7 +70,9 @@ def test_killed_program_loses_its_tools(tool_daemon: DaemonProcess) -> None:
     assert d.get("/v1/tools", params={"program_id": "p-kill"}).json()["data"]
     assert d.post("/v1/programs/p-kill/kill").json()["status"] == "FAILED"
     deadline = time.time() + 10
-    while d.get("/v1/tools", params={"program_id": "p-kill"}).json()["data"]:
+    # Rows without a program are backends that could not be asked (no Docker here).
+    while [t for t in d.get("/v1/tools", params={"program_id": "p-kill"}).json()["data"]
+           if t.get("program_id") == "p-kill"]:
         assert time.time() < deadline, "a killed program's tools were not reclaimed"
         time.sleep(0.2)
     r = d.post("/v1/programs/p-kill/tools/shell/exec", json={"command": "true"})
