@@ -85,13 +85,13 @@ def span(start: float | None, end: float | None) -> str:
     return "-" if start is None or end is None else seconds(end - start)
 
 
-def nbytes(value: float | None) -> str:
-    """1536 -> '1.5 KiB'."""
-    if value is None:
-        return "-"
+def nbytes(value: Any, missing: str = "-") -> str:
+    """1536 -> '1.5 KiB'; anything that is not a number -> `missing`."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return missing
     size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB"):
+        if size < 1024:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{size:.1f} GiB"

@@ -20,6 +20,7 @@ import jinja2
 from litestar import MediaType, Request, Response
 from litestar.response import Redirect
 
+from console.render import nbytes
 from webui.client import Api, ApiError
 
 Req = Request[Any, Any, Any]
@@ -50,14 +51,7 @@ def _ago(ts: Any) -> str:
 
 
 def human_bytes(n: Any) -> str:
-    if not isinstance(n, int | float):
-        return "?"
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"
+    return nbytes(n, missing="?")
 
 
 def qall(value: Any) -> str:
