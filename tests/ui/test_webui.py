@@ -45,13 +45,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
         d.stop()
 
 
-@pytest.fixture
-def ui(daemon: DaemonProcess) -> Iterator[httpx.Client]:
-    c = login(daemon)
-    yield c
-    c.close()
-
-
 # --- login -------------------------------------------------------------------------------
 
 

@@ -52,13 +52,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
         d.stop()
 
 
-@pytest.fixture
-def ui(daemon: DaemonProcess) -> Iterator[httpx.Client]:
-    c = login(daemon)
-    yield c
-    c.close()
-
-
 def page_of(name: str, version: int | None = None) -> str:
     return f"/ui/policy?name={quote(name, safe='')}" + (f"&v={version}" if version else "")
 

@@ -21,7 +21,6 @@ from tests.ui.webui_support import (
     api_json,
     esc,
     flash_of,
-    login,
     require_ui,
     run_program,
     sse_events,
@@ -58,13 +57,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
         yield d
     finally:
         d.stop()
-
-
-@pytest.fixture
-def ui(daemon: DaemonProcess) -> Iterator[httpx.Client]:
-    c = login(daemon)
-    yield c
-    c.close()
 
 
 def runs(d: DaemonProcess) -> list[dict[str, Any]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -107,17 +106,3 @@ def api_json(d: DaemonProcess, path: str) -> Any:
 
 def program(d: DaemonProcess, program_id: str) -> dict[str, Any]:
     return dict(api_json(d, f"/v1/programs/{quote(program_id, safe='')}"))
-
-
-@pytest.fixture
-def ui_of() -> Iterator[Any]:
-    """Log in to a daemon; every client made is closed afterwards."""
-    made: list[httpx.Client] = []
-
-    def make(d: DaemonProcess, token: str | None = None) -> httpx.Client:
-        made.append(login(d, token))
-        return made[-1]
-
-    yield make
-    for c in made:
-        c.close()
