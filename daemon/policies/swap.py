@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from daemon.policies.clock import cpu_time
-from daemon.policies.validate import deadline
+from daemon.policies.deadline import deadline
 from scheduling.kv import Decision, KvPolicy, KvView
 
 log = logging.getLogger("agentd.policies")

@@ -17,14 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from daemon.policies.clock import cpu_time
-from daemon.policies.deadline import PolicyTimeout, deadline
+from daemon.policies.deadline import deadline
 from daemon.policies.hotspot import hot_line
 from daemon.policies.interface import find_class
 from daemon.policies.layers import Layer
 from daemon.policies.sandbox import Problem, SandboxError, error_line, load
 
-__all__ = ["CALL_BUDGET_S", "PolicyTimeout", "Report", "deadline", "dry_run", "filename_for",
-           "find_class", "load_class", "validate"]
+__all__ = ["CALL_BUDGET_S", "Report", "dry_run", "filename_for", "load_class", "validate"]
 
 CALL_BUDGET_S = 0.005  # per dry-run call
 HARD_LIMIT_S = 1.0  # a call still running after this is interrupted (main thread only)
