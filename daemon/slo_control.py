@@ -312,7 +312,8 @@ class SloControl:
     def _meta_step(self, now: float) -> None:
         if not _guarded(self.meta.current):
             return  # meta-off: the operator's ordering stays, unguarded
-        events = self.loop.tick(self.views.short_view(now), self.views.long_view(now), now)
+        events = self.loop.tick(self.views.short_view(now),
+                                lambda: self.views.long_view(now), now)
         target = self.loop.active
         swap_s = self._switch_to(target) if target != self.ordered.policy_name else 0.0
         for event in events:
@@ -365,7 +366,7 @@ class SloControl:
                 self.controls.pop(w.id, None)
                 continue
             self.fence.set_capacity(w.id, w.kv_capacity_tokens)
-            util = self.views.short_view(now, w.id).kv_util
+            util = self.views.kv_util(now, w.id)
             self.controls[w.id] = self._controls(w, util, bypass)
 
     def _controls(self, w: WorkerState, util: float, bypass: bool) -> ExecutionControls:

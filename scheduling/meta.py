@@ -402,7 +402,10 @@ class MetaLoop:
     def bypass_active(self) -> bool:
         return self.bypass.active
 
-    def tick(self, short: ShortView, long: LongView, now: float) -> list[MetaEvent]:
+    def tick(self, short: ShortView, long: LongView | Callable[[], LongView], now: float
+             ) -> list[MetaEvent]:
+        """`long` may be a function building the long view: only the selector reads it,
+        once per `interval_s`, and building it walks the whole long window."""
         flipped = self._bypass_step(short, now)
         if flipped is not None or self.bypass.active:
             return [flipped] if flipped is not None else []
@@ -432,11 +435,12 @@ class MetaLoop:
         self.selector.on_applied(restored)
         return Rollback(restored, bad, why)
 
-    def _select_step(self, short: ShortView, long: LongView, now: float) -> Switch | None:
+    def _select_step(self, short: ShortView, long: LongView | Callable[[], LongView],
+                     now: float) -> Switch | None:
         if self._last_choice is not None and now - self._last_choice < self.interval_s:
             return None
         self._last_choice = now
-        decision = self.selector.choose(long, now)
+        decision = self.selector.choose(long if isinstance(long, LongView) else long(), now)
         if decision.policy_name == self._policy or decision.policy_name not in self.pool:
             return None
         previous, self._policy = self._policy, decision.policy_name

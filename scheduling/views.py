@@ -110,14 +110,13 @@ class ViewBuilder:
     def short_view(self, now: float, worker: str | None = None) -> ShortView:
         cutoff = now - self.short_window_s
         done = [r for r in self._done if r.finish_s >= cutoff and worker in (None, r.worker)]
-        samples = self._recent_samples(cutoff, worker)
         latest = self._latest_per_worker(cutoff, worker)
         ttfts = [r.ttft_s for r in done]
         tpots = [r.tpot_s for r in done]
         return ShortView(
             worker=worker,
             queue_len=sum(s.queue_len for s in latest),
-            kv_util=statistics.fmean(s.kv_util for s in samples) if samples else 0.0,
+            kv_util=self.kv_util(now, worker),
             ttft_p50_s=percentile(ttfts, 50),
             ttft_p99_s=percentile(ttfts, 99),
             tpot_mean_s=statistics.fmean(tpots) if tpots else 0.0,
@@ -125,6 +124,12 @@ class ViewBuilder:
             violation_rate=1.0 - m.slo_attainment(done),
             completions=len(done),
         )
+
+    def kv_util(self, now: float, worker: str | None = None) -> float:
+        """Mean KV utilisation over the short window: the short view's `kv_util` without
+        walking the completions, for the per-worker controls of every cycle."""
+        samples = self._recent_samples(now - self.short_window_s, worker)
+        return statistics.fmean(s.kv_util for s in samples) if samples else 0.0
 
     def _recent_samples(self, cutoff: float, worker: str | None) -> list[_Sample]:
         return [

@@ -240,7 +240,8 @@ class SloLayer:
         if self.respond is not None and isinstance(selector, LlmSelector):
             selector.on_response(self.respond(selector.build_prompt(self.views.long_view(now))))
         before = self.meta.active
-        events = self.meta.tick(self.views.short_view(now), self.views.long_view(now), now)
+        events = self.meta.tick(self.views.short_view(now),
+                                lambda: self.views.long_view(now), now)
         self.switches += sum(isinstance(e, Switch) for e in events)
         self.rollbacks += sum(isinstance(e, Rollback) for e in events)
         if self.meta.active != before:

@@ -206,6 +206,20 @@ def test_loop_consults_the_selector_once_per_interval() -> None:
     assert sel.calls == 3 and loop.active == "wfq"
 
 
+def test_loop_builds_a_lazy_long_view_only_when_the_selector_runs() -> None:
+    built: list[float] = []
+
+    def long_view() -> LongView:
+        built.append(0.0)
+        return HEALTHY_LONG
+
+    loop = MetaLoop(Scripted("edf", "wfq"), POOL, initial="sjf", interval_s=30.0)
+    assert loop.tick(HEALTHY_SHORT, long_view, 0.0) == [Switch("edf", "sjf", "scripted")]
+    assert loop.tick(HEALTHY_SHORT, long_view, 10.0) == []
+    assert loop.tick(HEALTHY_SHORT, long_view, 31.0) == [Switch("wfq", "edf", "scripted")]
+    assert len(built) == 2
+
+
 def test_rollback_restores_the_previous_policy_on_a_ttft_regression() -> None:
     sel = Scripted("edf")
     loop = MetaLoop(sel, POOL, initial="sjf", guards=GuardConfig(rho=1.5, rollback_window_s=30))
