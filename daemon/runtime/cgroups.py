@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import time
 from pathlib import Path
+
+from daemon.runtime import procs
 
 
 def _mounts() -> list[tuple[str, str, str]]:
@@ -123,16 +124,7 @@ class PidsCgroups:
             killed = self.tasks(path)
             with contextlib.suppress(OSError):
                 _write(path / "cgroup.kill", "1")
-        for _ in range(200):
-            left = self.tasks(path)
-            if not left:
-                break
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            killed |= left
-            time.sleep(0.01)
-        return len(killed)
+        return len(killed | procs.kill_until_none(lambda: self.tasks(path)))
 
     def remove(self, path: Path) -> int:
         killed = self.kill(path)

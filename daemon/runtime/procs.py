@@ -34,7 +34,7 @@ def uid_pids(uid: int | None = None) -> dict[int, int]:
 
 
 def kill_uid(uid: int) -> int:
-    return kill_until_none(lambda: set(uid_pids(uid)))
+    return len(kill_until_none(lambda: set(uid_pids(uid))))
 
 
 def marked(marks: dict[str, int]) -> set[int]:
@@ -55,10 +55,11 @@ def marked(marks: dict[str, int]) -> set[int]:
 
 
 def kill_marked(marks: dict[str, int]) -> int:
-    return kill_until_none(lambda: marked(marks))
+    return len(kill_until_none(lambda: marked(marks)))
 
 
-def kill_until_none(find: Callable[[], set[int]]) -> int:
+def kill_until_none(find: Callable[[], set[int]]) -> set[int]:
+    """SIGKILL what `find` returns until it returns nothing (or 2 s pass); the pids killed."""
     killed: set[int] = set()
     for _ in range(200):
         pids = find()
@@ -69,7 +70,7 @@ def kill_until_none(find: Callable[[], set[int]]) -> int:
                 os.kill(pid, signal.SIGKILL)
         killed |= pids
         time.sleep(0.01)
-    return len(killed)
+    return killed
 
 
 def free_uid(taken: set[int]) -> int:
