@@ -250,7 +250,7 @@ def _common(parser: argparse.ArgumentParser, suppress: bool) -> None:
     parser.add_argument("--json", action="store_true", default=default(False),
                         help="print the daemon's raw JSON")
     parser.add_argument("--timeout", type=float, default=default(DEFAULT_TIMEOUT_S),
-                        metavar="SECONDS", help="network timeout (default: %(default)s)")
+                        metavar="SECONDS", help=f"network timeout (default: {DEFAULT_TIMEOUT_S:g})")
 
 
 _COMMANDS: dict[str, tuple[Command, str]] = {
