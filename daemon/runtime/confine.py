@@ -355,9 +355,9 @@ class Jail:
             except Exception:
                 log.exception("could not reap the processes of run %s", self.run_id)
                 killed, refused = -1, -1
-            await self._close()
             if self.on_event is not None:
                 self.on_event("run.reaped", processes_killed=killed, forks_refused=refused)
+            await self._close()
 
     async def _watch_disk(self, proc: asyncio.subprocess.Process) -> None:
         """No tmpfs quota: measure the working directory and stop the run past its quota.

@@ -48,6 +48,8 @@ MAX_LIMITS: dict[str, float] = {"memory_mb": 16384, "cpu_s": 86400, "open_files"
 MIN_MEMORY_MB = 128  # below this the interpreter itself does not start
 MAX_EVENTS = 50_000
 LOG_TAIL = 8000
+# How long a run waits for its jail to reap leftovers (a stuck reap must not hang it).
+REAP_WAIT_S = 10.0
 ENDED = ("finished", "failed", "cancelled")
 # what a sandbox may report: its futures, and its local controllers' placements,
 # migrations and installed decisions (agentd/control.py)
@@ -210,6 +212,11 @@ class RunController:
             except TimeoutError:
                 self._kill(run)
                 await proc.wait()
+                stdout = None
+            # The jail reaps what the run left behind and traces it; the run ends after that.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(jail.closed.wait(), REAP_WAIT_S)
+            if stdout is None:
                 outcome = {"ok": False, "kind": "system",
                            "reason": f"wall-clock limit exceeded ({run.limits['timeout_s']:g} s)"}
             else:
