@@ -37,7 +37,9 @@ def spawn(argv):
     pid = _fork_exec(argv, out_w, err)
     os.close(out_w)
     os.close(err[1])
-    failed = os.read(err[0], 4096)
+    failed = b""  # the child writes "OSError:", the errno and the rest in separate writes
+    while chunk := os.read(err[0], 4096):
+        failed += chunk
     os.close(err[0])
     output = b""
     while chunk := os.read(out_r, 65536):
