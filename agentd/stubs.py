@@ -16,9 +16,11 @@ Directives (NALAR Table 1):
 - `max_instances` / `min_instances`: the runtime keeps at least min instances and grows
   up to max on demand (a call finds no idle instance); the global controller may also
   provision or kill within these bounds.
-- `batchable`, `preemptable` (the name of the method that preempts a running call) and
-  `resources` ({"CPU": 1, "GPU": 0.5, "memory_mb": 512}) are carried in the control view
-  for policies; the runtime itself does not batch, preempt or reserve yet.
+- `preemptable`: the name of the method that preempts a running call, or `False`: the
+  agent's programs are pinned for the KV layer (never paused while their tools run).
+- `batchable` and `resources` ({"CPU": 1, "GPU": 0.5, "memory_mb": 512}) are carried in
+  the control view for policies; the runtime itself does not batch or reserve (an
+  instance is a thread of its run's sandbox process, so rlimits cannot be per agent).
 An instance executes one method call at a time. All stubs of a class with the same
 constructor arguments share its instances (one agent type); see agentd/control.py.
 """
@@ -83,14 +85,14 @@ class AgentClass:
 
 
 def directives(stateful: bool = False, batchable: bool = False,
-               preemptable: str | None = None, min_instances: int = 1,
+               preemptable: str | bool | None = None, min_instances: int = 1,
                max_instances: int = 1, resources: Mapping[str, float] | None = None,
                cls: type | None = None) -> Directives:
     """Checked directives; ValueError names the directive that does not fit."""
     if not 0 <= min_instances <= max_instances or max_instances < 1:
         raise ValueError(f"need 0 <= min_instances <= max_instances and max_instances >= 1, "
                          f"got min {min_instances}, max {max_instances}")
-    if preemptable is not None and cls is not None and not callable(
+    if isinstance(preemptable, str) and cls is not None and not callable(
             getattr(cls, preemptable, None)):
         raise ValueError(f"preemptable names {preemptable!r}, which {cls.__name__} lacks")
     res = dict(resources or {})
@@ -106,13 +108,14 @@ def agent(cls: type, /) -> AgentClass: ...
 
 
 @overload
-def agent(*, stateful: bool = False, batchable: bool = False, preemptable: str | None = None,
+def agent(*, stateful: bool = False, batchable: bool = False,
+          preemptable: str | bool | None = None,
           min_instances: int = 1, max_instances: int = 1,
           resources: Mapping[str, float] | None = None) -> Callable[[type], AgentClass]: ...
 
 
 def agent(cls: type | None = None, /, *, stateful: bool = False, batchable: bool = False,
-          preemptable: str | None = None, min_instances: int = 1, max_instances: int = 1,
+          preemptable: str | bool | None = None, min_instances: int = 1, max_instances: int = 1,
           resources: Mapping[str, float] | None = None,
           ) -> AgentClass | Callable[[type], AgentClass]:
     """Class decorator: `@agentd.agent` or `@agentd.agent(stateful=..., ...)`."""

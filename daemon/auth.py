@@ -3,6 +3,12 @@
 A route declares what it needs with `opt={"scope": READ}` (or a tuple of scopes, any
 of which suffices); the guard refuses a route that declares nothing, so a new endpoint
 is closed until someone decides who may call it. `operator` implies every other scope.
+
+A workflow run's token (scope `submit`, issued by daemon/runtime/runs.py) is also bound
+to its run (`RunScope`): it may act only on the run's own programs and session, so the
+guard refuses it any route whose `program_id`, `session_id` or `run_id` path parameter
+names something else, and the gateway refuses it a `program_id` / `session_id` outside
+the run (`run_program`). Operator and ordinary `submit` tokens are not bound.
 """
 
 from __future__ import annotations
@@ -40,15 +46,57 @@ PUBLIC = "public"  # no token needed: only for liveness probes
 CACHE_TTL_S = 1.0
 
 TOKEN_FILE = "token"
+# A run's token is refused in memory this long after its run ended: far longer than the
+# cache keeps a record, after which the store's revocation answers.
+RETIRED_KEEP_S = 60 * CACHE_TTL_S
+
+
+@dataclass(frozen=True, slots=True)
+class RunScope:
+    """What a run's token may act on. The run's programs are the ones the runtime creates
+    and releases with it: the run's program and every `<program>.<suffix>` (the sandbox
+    names an agent instance's program `<program>.<Agent>.<i>`), all in the run's session."""
+
+    run_id: str
+    program_id: str
+    session_id: str
+
+    def owns_program(self, program_id: str) -> bool:
+        return program_id == self.program_id or program_id.startswith(self.program_id + ".")
+
+    def owns(self, param: str, value: str) -> bool:
+        """Whether a path parameter (one of BOUND_PARAMS) names something of this run."""
+        if param == "program_id":
+            return self.owns_program(value)
+        if param == "session_id":
+            return value == self.session_id
+        return param != "run_id" or value == self.run_id
+
+    def refusal(self, param: str, value: str | None, field: str | None = None) -> ApiError:
+        """403 for `param` (as BOUND_PARAMS name it) sent as `field` (a body field or a
+        header; default: the param's own name)."""
+        field = field or param
+        what = {"session_id": f"its own session '{self.session_id}'",
+                "run_id": f"its own run '{self.run_id}'"}.get(
+            param, f"its own programs ('{self.program_id}' and '{self.program_id}.*')")
+        got = "none was given" if value is None else f"not '{value}'"
+        return ApiError(403, f"{field}: run {self.run_id}'s token may act only on {what}, "
+                        f"{got}", "run_token", param=field)
+
+
+# Path parameters a run's token must own; every route that names one is checked.
+BOUND_PARAMS = ("program_id", "session_id", "run_id")
 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who made a request: the token's id is the tenant key for rate limits."""
+    """Who made a request: the token's id is the tenant key for rate limits; `run` is set
+    for a workflow run's token."""
 
     token_id: str
     name: str
     scopes: frozenset[str]
+    run: RunScope | None = None
 
 
 def parse_scopes(text: str) -> frozenset[str]:
@@ -160,16 +208,34 @@ class TokenAuth:
         self._clock = clock
         self._sessions: Sessions | None = None
         self._cache: dict[str, tuple[float, tokens.TokenRecord]] = {}
+        self._runs: dict[str, RunScope] = {}
+        self._retired: dict[str, float] = {}
 
     def bind(self, sessions: Sessions) -> None:
         self._sessions = sessions
 
+    def bind_run(self, token_id: str, scope: RunScope) -> None:
+        """Bind a run's token to its run (before its secret leaves the daemon)."""
+        self._runs[token_id] = scope
+
+    def unbind_run(self, token_id: str) -> None:
+        """At the run's end, after its token was revoked in the store. The token is refused
+        here from now on: the cache (or a lookup that read the store just before the
+        revocation) may still hold it as active, and unbound it would be a plain
+        `submit` token."""
+        self._runs.pop(token_id, None)
+        now = self._clock()
+        self._retired[token_id] = now
+        for old in [t for t, at in self._retired.items() if now - at > RETIRED_KEEP_S]:
+            del self._retired[old]
+
     async def principal(self, secret: str) -> Principal | None:
         """The principal for an active token, None for unknown or revoked ones."""
         record = await self._record(tokens.hash_secret(secret))
-        if record is None or not record.active:
+        if record is None or not record.active or record.id in self._retired:
             return None
-        return Principal(token_id=record.id, name=record.name, scopes=record.scopes)
+        return Principal(token_id=record.id, name=record.name, scopes=record.scopes,
+                         run=self._runs.get(record.id))
 
     async def _record(self, token_hash: str) -> tokens.TokenRecord | None:
         now = self._clock()
@@ -223,4 +289,28 @@ async def require_scope(
         held = " ".join(sorted(principal.scopes))
         raise ApiError(403, f"this route needs scope {wanted}; token '{principal.name}' has "
                        f"'{held}'", "insufficient_scope")
+    if principal.run is not None:
+        _check_bound(principal.run, connection.path_params)
     connection.scope.setdefault("state", {})["agentd.principal"] = principal
+
+
+def _check_bound(run: RunScope, params: dict[str, Any]) -> None:
+    for name in BOUND_PARAMS:
+        value = params.get(name)
+        if value is not None and not run.owns(name, str(value)):
+            raise run.refusal(name, str(value))
+
+
+def run_program(principal: Principal | None, program_id: str | None, program_field: str,
+                session_id: str | None, session_field: str) -> tuple[str | None, str | None]:
+    """The (program, session) a gateway request may use. A run's token must name one of
+    its run's programs and may name only its run's session (the default, so that the
+    programs its sandbox creates land there); any other token gets what it asked for."""
+    run = None if principal is None else principal.run
+    if run is None:
+        return program_id, session_id
+    if program_id is None or not run.owns_program(program_id):
+        raise run.refusal("program_id", program_id, program_field)
+    if session_id is not None and session_id != run.session_id:
+        raise run.refusal("session_id", session_id, session_field)
+    return program_id, run.session_id

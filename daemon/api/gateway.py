@@ -15,7 +15,7 @@ from litestar import Controller, Request, Response, get, post
 from litestar.response import Stream
 
 from daemon.api.errors import ApiError, decode_body, error_body
-from daemon.auth import READ, SUBMIT
+from daemon.auth import READ, SUBMIT, principal_of, run_program
 from daemon.core import Core
 from daemon.limits import admit
 from daemon.protocol import ChatMessage, Finish, SamplingParams
@@ -159,15 +159,17 @@ def _sampling(core: Core, body: _Common, max_tokens: int | None) -> SamplingPara
 
 
 async def _program(core: Core, request: Request[Any, Any, Any], body: _Common) -> ProgramState:
-    program_id = body.program_id
-    if program_id is None:
-        program_id = request.headers.get("x-program-id")
-    session_id = body.session_id
-    if session_id is None:
-        session_id = request.headers.get("x-session-id")
-    for name, value in (("program_id", program_id), ("session_id", session_id)):
+    program_id, program_field = body.program_id, "program_id"
+    if program_id is None and "x-program-id" in request.headers:
+        program_id, program_field = request.headers["x-program-id"], "X-Program-Id"
+    session_id, session_field = body.session_id, "session_id"
+    if session_id is None and "x-session-id" in request.headers:
+        session_id, session_field = request.headers["x-session-id"], "X-Session-Id"
+    for name, value in ((program_field, program_id), (session_field, session_id)):
         if value is not None and not (0 < len(value) <= 128 and value.isprintable()):
             raise ApiError(400, f"{name} must be 1-128 printable characters", param=name)
+    program_id, session_id = run_program(principal_of(request), program_id, program_field,
+                                         session_id, session_field)
     return await core.ensure_program(program_id, session_id)
 
 

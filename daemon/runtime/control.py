@@ -17,6 +17,9 @@ The loop sleeps the active policy's `period_s` between steps.
 Every decision, accepted or rejected (a rejection is traced once until it changes), is
 a `control.decision` trace event of its run, tagged with the policy and its version, or
 `operator`.
+
+The policy's hooks (`on_instance_change`, `on_session_end`) run on the events the views
+and the runs' ends reveal: see control_hooks.py. Hooks and steps take turns (`stepping`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import msgspec
 from daemon.policies.control_layer import DEFAULT_CONTROL_POLICY
 from daemon.policies.swap import Active
 from daemon.runtime.control_guard import ControlGuard
+from daemon.runtime.control_hooks import HookRunner
+from daemon.runtime.directives import DirectiveApplier
 from daemon.runtime.runs import Run, RunController
 from scheduling.control import (
     ControlDecision,
@@ -100,7 +105,7 @@ class WireFuture(msgspec.Struct):
 class WireDirectives(msgspec.Struct):
     stateful: bool = False
     batchable: bool = False
-    preemptable: str | None = None
+    preemptable: str | bool | None = None  # False: explicitly not (directives.py)
     min_instances: int = 1
     max_instances: int = 1
     resources: dict[str, float] = {}
@@ -147,8 +152,11 @@ def parse_view(wire: WireView) -> ControlView:
                    for f in wire.futures]
     except ValueError as exc:
         raise ValueError(f"view: {exc}") from None
-    agents = {n: Directives(d.stateful, d.batchable, d.preemptable, d.min_instances,
-                            d.max_instances, d.resources) for n, d in wire.agents.items()}
+    # Directives types `preemptable` as str | None; the explicit False (not preemptable)
+    # passes through unchanged for directives.py.
+    agents = {n: Directives(d.stateful, d.batchable, d.preemptable,  # type: ignore[arg-type]
+                            d.min_instances, d.max_instances, d.resources)
+              for n, d in wire.agents.items()}
     r = wire.rules
     rules = Rules(dict(r.priorities), {}, {(s, t): i for s, t, i in r.routes},
                   {(s, t): i for s, t, i in r.pins},
@@ -156,7 +164,7 @@ def parse_view(wire: WireView) -> ControlView:
     return ControlView(futures, instances, agents, rules)
 
 
-def _joined(views: dict[str, RunView]) -> ControlView:
+def joined_view(views: dict[str, RunView]) -> ControlView:
     """One view of every run, names prefixed with `<run id>/`."""
     futures: list[FutureView] = []
     instances: list[InstanceView] = []
@@ -228,14 +236,22 @@ class ControlLoop:
     views: dict[str, RunView] = field(default_factory=dict)
     pending: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     last_step: dict[str, Any] | None = None
+    stepping: asyncio.Lock = field(default_factory=asyncio.Lock)
     _sent: dict[tuple[str, str], float] = field(default_factory=dict)
     _rejected: dict[str, set[str]] = field(default_factory=dict)
     _task: asyncio.Task[None] | None = None
 
+    def __post_init__(self) -> None:
+        self.hooks = HookRunner(self)
+        self.directives = DirectiveApplier(self.runs)
+
     # --- the sandboxes' side ------------------------------------------------------------
 
     def report(self, run: Run, wire: WireView) -> list[dict[str, Any]]:
-        self.views[run.id] = RunView(parse_view(wire), time.time())
+        view = parse_view(wire)
+        self.views[run.id] = RunView(view, time.time())
+        self.hooks.reported(run, view)
+        self.directives.reported(run, view)
         return self.pending.pop(run.id, [])
 
     def run_view(self, run: Run) -> ControlView | None:
@@ -269,14 +285,20 @@ class ControlLoop:
     def snapshot(self, max_runs: int) -> ControlView:
         """The joined view of the runs that reported last, for validating a version
         against what the daemon sees now (empty when no run reports)."""
-        live = self._live()
-        return _joined(dict(list(live.items())[-max_runs:]))
+        live = self.live()
+        return joined_view(dict(list(live.items())[-max_runs:]))
+
+    @staticmethod
+    def joined(live: dict[str, RunView]) -> ControlView:
+        return joined_view(live)
 
     # --- the loop -----------------------------------------------------------------------
 
     def start(self) -> None:
         # The registry reaches the loop through the core, as it reaches core.kv and core.slo.
         self.runs.core.control = self
+        self.runs.on_end += [self.hooks.run_ended, self.directives.forget]
+        self.hooks.start()
         self._task = asyncio.create_task(self._loop(), name="control-loop")
 
     async def stop(self) -> None:
@@ -284,6 +306,10 @@ class ControlLoop:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        await self.hooks.stop()
+        for listener in (self.hooks.run_ended, self.directives.forget):
+            with contextlib.suppress(ValueError):
+                self.runs.on_end.remove(listener)
         if getattr(self.runs.core, "control", None) is self:
             self.runs.core.control = None
 
@@ -296,12 +322,13 @@ class ControlLoop:
                 log.exception("control loop step failed; next period tries again")
 
     async def tick(self) -> ControlStep | None:
-        live = self._live()
-        if not live:
-            return None
-        joined = _joined(live)
-        t0 = time.perf_counter()
-        active, step = await self.guard.step(joined, time.time())
+        async with self.stepping:
+            live = self.live()
+            if not live:
+                return None
+            joined = joined_view(live)
+            t0 = time.perf_counter()
+            active, step = await self.guard.step(joined, time.time())
         self.last_step = {"policy": active.name, "version": active.version, "at": step.at,
                           "runs": len(live), "futures": len(joined.futures),
                           "instances": len(joined.instances), "accepted": len(step.accepted),
@@ -310,7 +337,7 @@ class ControlLoop:
         self._dispatch(step, live, active)
         return step
 
-    def _live(self) -> dict[str, RunView]:
+    def live(self) -> dict[str, RunView]:
         for rid in [r for r in self.views if r not in self.runs.runs or self.runs.runs[r].ended]:
             del self.views[rid]
             self.pending.pop(rid, None)
@@ -320,16 +347,29 @@ class ControlLoop:
     def _dispatch(self, step: ControlStep, live: dict[str, RunView], active: Active) -> None:
         rejected_now: dict[str, set[str]] = {}
         for d in step.accepted:
-            for rid, local in _local(d, live):
-                self._queue(self.runs.runs[rid], local, active.name, None, active.version)
+            self._queue_local(d, live, active, None)
         for r in step.rejected:
             for rid, local in _local(r.decision, live):
                 key = f"{decision_to_dict(local)}: {r.reason}"
                 rejected_now.setdefault(rid, set()).add(key)
-                if key not in self._rejected.get(rid, set()):
+                if rid in live and key not in self._rejected.get(rid, set()):
                     self._queue(self.runs.runs[rid], local, active.name, r.reason,
                                 active.version)
         self._rejected = rejected_now
+
+    def queue_step(self, step: ControlStep, live: dict[str, RunView], active: Active) -> None:
+        """A hook's decisions (rejections traced each time: an event happens once)."""
+        for d in step.accepted:
+            self._queue_local(d, live, active, None)
+        for r in step.rejected:
+            self._queue_local(r.decision, live, active, r.reason)
+
+    def _queue_local(self, d: ControlDecision, live: dict[str, RunView], active: Active,
+                     problem: str | None) -> None:
+        """For each live run the decision names (a policy may name one that has ended)."""
+        for rid, local in _local(d, live):
+            if rid in live:
+                self._queue(self.runs.runs[rid], local, active.name, problem, active.version)
 
     def _queue(self, run: Run, d: ControlDecision, by: str, problem: str | None,
                version: int | None = None, force: bool = False) -> None:

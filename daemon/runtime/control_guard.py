@@ -1,5 +1,5 @@
-"""The control layer's guard: one global-controller step, run off the event loop and
-judged on it.
+"""The control layer's guard: one global-controller step (or a batch of hook calls),
+run off the event loop and judged on it.
 
 A step over the whole view can take far longer than a dispatch may wait, so the active
 version runs on a thread of its own; its outcome comes back to the event loop, where
@@ -40,9 +40,13 @@ HARD_LIMIT_PERIODS = 4.0
 
 @dataclass(frozen=True)
 class Outcome:
-    step: ControlStep | None
+    steps: list[ControlStep] | None
     error: BaseException | None
     cpu_s: float
+
+
+# One guarded call: the periodic step, or a batch of hook calls, one ControlStep each.
+Body = Callable[[GlobalController], list[ControlStep]]
 
 
 class ControlGuard(Guard):
@@ -64,48 +68,55 @@ class ControlGuard(Guard):
         """The active version's step, falling back version by version while one fails.
         With nothing to fall back to, an exception propagates (the loop logs it and
         tries again next period) and any other step is used as it is."""
+        active, steps = await self.run(lambda gc: [gc.step(view, now)], now)
+        return active, steps[0]
+
+    async def run(self, body: Body, now: float, calls: int = 1
+                  ) -> tuple[Active, list[ControlStep]]:
+        """`body` (`calls` policy calls, e.g. hooks) under the same rules as a step; the
+        CPU budget during probation is the step's per call."""
         while True:
             active = self.current
-            outcome = await run_step(active.policy, view, now,
-                                     self.hard_limit_for(active.policy))
-            problem = self._problem(active, outcome)
+            outcome = await run_body(active.policy, body, self.hard_limit_for(active.policy))
+            problem = self._problem(active, outcome, calls)
             if problem is None:
-                assert outcome.step is not None
-                return active, outcome.step
+                assert outcome.steps is not None
+                return active, outcome.steps
             if active is not self.current:
                 log.warning("control policy %s v%d failed after it was replaced: %s",
                             active.name, active.version, problem)
-                return active, ControlStep(active.name, now, (), ())
+                return active, [ControlStep(active.name, now, (), ())] * calls
             if not self.previous:
                 if outcome.error is not None:
                     raise outcome.error
-                assert outcome.step is not None
+                assert outcome.steps is not None
                 log.error("control policy %s v%d misbehaved with nothing to fall back to: %s",
                           active.name, active.version, problem)
-                return active, outcome.step
+                return active, outcome.steps
             self._fail(active, problem)
 
-    def _problem(self, active: Active, outcome: Outcome) -> str | None:
+    def _problem(self, active: Active, outcome: Outcome, calls: int = 1) -> str | None:
         if outcome.error is not None:
             return f"raised {type(outcome.error).__name__}: {outcome.error}"
         if not self.in_probation():
             return None
-        assert outcome.step is not None
-        budget = self.budget_for(active.policy)
+        assert outcome.steps is not None
+        budget = self.budget_for(active.policy) * calls
         if outcome.cpu_s > budget:
-            return (f"a step took {outcome.cpu_s * 1000:.1f} ms of CPU during probation; the "
-                    f"budget is {budget * 1000:.1f} ms (half its period)")
-        if outcome.step.rejected:
-            first = outcome.step.rejected[0]
-            return (f"{len(outcome.step.rejected)} decision(s) refused during probation, "
+            what = "a step" if calls == 1 else f"{calls} calls"
+            return (f"{what} took {outcome.cpu_s * 1000:.1f} ms of CPU during probation; the "
+                    f"budget is {budget * 1000:.1f} ms (half its period per call)")
+        rejected = [r for step in outcome.steps for r in step.rejected]
+        if rejected:
+            first = rejected[0]
+            return (f"{len(rejected)} decision(s) refused during probation, "
                     f"first {first.decision!r}: {first.reason}")
         return None
 
 
-async def run_step(policy: ControlPolicy, view: ControlView, now: float,
-                   limit_s: float) -> Outcome:
-    """`GlobalController(policy).step(view, now)` on a thread of its own, timed in CPU
-    seconds less garbage collection (daemon/policies/clock.py)."""
+async def run_body(policy: ControlPolicy, body: Body, limit_s: float) -> Outcome:
+    """`body(GlobalController(policy))` on a thread of its own, timed in CPU seconds less
+    garbage collection (daemon/policies/clock.py)."""
     loop = asyncio.get_running_loop()
     result: asyncio.Future[Outcome] = loop.create_future()
     finished = threading.Lock()
@@ -115,13 +126,13 @@ async def run_step(policy: ControlPolicy, view: ControlView, now: float,
         if not result.done():
             result.set_result(outcome)
 
-    def body() -> None:
+    def work() -> None:
         outcome = Outcome(None, PolicyTimeout(f"still running after {limit_s:.1f} s"), 0.0)
         try:
             start = cpu_time()
             try:
-                step = GlobalController(policy).step(view, now)
-                outcome = Outcome(step, None, cpu_time() - start)
+                steps = body(GlobalController(policy))
+                outcome = Outcome(steps, None, cpu_time() - start)
             except Exception as exc:
                 outcome = Outcome(None, exc, cpu_time() - start)
             with finished:
@@ -131,7 +142,7 @@ async def run_step(policy: ControlPolicy, view: ControlView, now: float,
         with contextlib.suppress(RuntimeError):  # the loop closed: the daemon is stopping
             loop.call_soon_threadsafe(deliver, outcome)
 
-    thread = threading.Thread(target=body, name="control-step", daemon=True)
+    thread = threading.Thread(target=work, name="control-step", daemon=True)
     thread.start()
     try:
         return await asyncio.wait_for(asyncio.shield(result), limit_s)

@@ -1,7 +1,8 @@
 """Runs: one execution of a workflow bundle in a sandbox process, and its controller.
 
 A run owns a program (created through `core.ensure_program`), a run-scoped API token
-(scope `submit`, named `run <id>`, revoked when the run ends), a private working
+(scope `submit`, named `run <id>`, bound to the run's programs and session by
+`auth.RunScope`, revoked when the run ends), a private working
 directory (a temporary directory outside the daemon's data dir holding only the bundle
 copy) and one sandbox process (`python -I -m agentd.sandbox`, see agentd/sandbox.py).
 The sandbox's environment holds only PATH, LANG, MALLOC_ARENA_MAX and the AGENTD_RUN_*
@@ -21,11 +22,12 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -57,6 +59,9 @@ SANDBOX_EVENTS = frozenset({
     "future.created", "future.resolved", "future.placed", "future.started", "future.migrated",
     "migration.refused", "control.applied", "instance.provisioned", "instance.killed",
     "instance.dead"})
+# The name of a run's token: runs do not survive a restart, so one still active at start
+# belongs to a run of an earlier daemon process (a crash) and is revoked.
+RUN_TOKEN_NAME = re.compile(r"run run-[0-9a-f]{16}")
 
 
 @dataclass
@@ -139,14 +144,30 @@ def classify_exit(returncode: int, limits: dict[str, float]) -> str:
 
 
 class RunController:
-    def __init__(self, core: Core, data_path: Path, base_url: str, auth_enabled: bool) -> None:
+    def __init__(self, core: Core, data_path: Path, base_url: str, auth_enabled: bool,
+                 token_auth: auth.TokenAuth | None = None) -> None:
         self.core = core
         self.bundles = BundleStore(data_path / "workflows")
         self.records = data_path / "runs"
         self.base_url = base_url
         self.auth_enabled = auth_enabled
+        self.token_auth = token_auth
         self.runs: dict[str, Run] = {}
+        # Called with each run once it has ended and released its programs.
+        self.on_end: list[Callable[[Run], None]] = []
         self._state_lock = asyncio.Lock()
+
+    async def revoke_stale_tokens(self) -> int:
+        """Revoke the tokens of runs of an earlier daemon process (see RUN_TOKEN_NAME)."""
+        now = time.time()
+        async with self.core.sessions() as s, s.begin():
+            stale = [t for t in await tokens.list_all(s)
+                     if t.active and RUN_TOKEN_NAME.fullmatch(t.name)]
+            for t in stale:
+                await tokens.revoke(s, t.id, now)
+        if stale:
+            log.info("revoked %d token(s) of runs that did not survive a restart", len(stale))
+        return len(stale)
 
     # --- creating ---------------------------------------------------------------------
 
@@ -179,6 +200,9 @@ class RunController:
     async def _issue_token(self, run: Run) -> str:
         async with self.core.sessions() as s, s.begin():
             run.token_id, secret = await auth.issue_token(s, f"run {run.id}", {auth.SUBMIT})
+        if self.token_auth is not None:
+            self.token_auth.bind_run(run.token_id,
+                                     auth.RunScope(run.id, run.program_id, run.session_id))
         return secret
 
     def sandbox_env(self, run: Run, secret: str) -> dict[str, str]:
@@ -274,11 +298,18 @@ class RunController:
         await self._cleanup(run)
         self._write_record(run)
         run.notify()
+        for listener in self.on_end:
+            try:
+                listener(run)
+            except Exception:
+                log.exception("a run-end listener failed for run %s", run.id)
 
     async def _cleanup(self, run: Run) -> None:
         if run.token_id is not None:
             async with self.core.sessions() as s, s.begin():
                 await tokens.revoke(s, run.token_id, time.time())
+            if self.token_auth is not None:
+                self.token_auth.unbind_run(run.token_id)
         ended = (ProgramStatus.STOPPED, ProgramStatus.FAILED)
         prefix = run.program_id + "."
         for pid, program in list(self.core.programs.items()):

@@ -1,9 +1,11 @@
 """Plugging the workflow runtime into the app: one call, `install_workflows(app)`.
 
 It registers WorkflowsController, and adds a lifespan manager that starts the run
-controller and the global control loop once the daemon's core exists and, on shutdown,
-stops the loop and cancels live runs (killing their sandboxes and releasing their
-programs) before the core stops. Calling it twice is harmless.
+controller (revoking the tokens of runs an earlier daemon process left behind, binding
+new runs' tokens to their runs in the app's TokenAuth) and the global control loop once
+the daemon's core exists and, on shutdown, stops the loop and cancels live runs (killing
+their sandboxes and releasing their programs) before the core stops. Calling it twice
+is harmless.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ def install_workflows(app: Litestar) -> None:
         daemon: Any = app.state["daemon"]
         core = daemon.get_core()
         cfg = daemon.config
-        runs = RunController(core, cfg.data_path, cfg.base_url, cfg.auth)
+        runs = RunController(core, cfg.data_path, cfg.base_url, cfg.auth,
+                             app.state.get("auth"))
+        await runs.revoke_stale_tokens()
         control = ControlLoop(runs)
         app.state[STATE_KEY] = runs
         app.state[CONTROL_KEY] = control

@@ -100,9 +100,11 @@ def fill(directory):
 
 
 def _api(target):
-    """target: "PATH" (a GET) or "METHOD PATH [JSON body]", called with the run's token."""
+    """target: "PATH" (a GET) or "METHOD PATH [JSON body]", called with the run's token;
+    `{program}` in PATH is the run's own program."""
     parts = target.split(" ", 2) if " " in target else ["GET", target]
     method, path, body = parts[0], parts[1], parts[2] if len(parts) > 2 else None
+    path = path.replace("{program}", os.environ["AGENTD_PROGRAM_ID"])
     headers = {"Authorization": f"Bearer {os.environ['AGENTD_RUN_TOKEN']}",
                "Content-Type": "application/json"}
     r = httpx.request(method, os.environ["AGENTD_DAEMON_URL"] + path, headers=headers,
@@ -110,6 +112,23 @@ def _api(target):
     if r.status_code < 300:
         return {"escaped": r.json()}
     raise PermissionError(f"the daemon refused {method} {path}: {r.status_code} {r.text[:200]}")
+
+
+def chat_as(target):
+    """A chat completion as another program: target is "PROGRAM [SESSION]"."""
+    program, _, session = target.partition(" ")
+    base = os.environ["AGENTD_DAEMON_URL"] + "/v1"
+    headers = {"Authorization": f"Bearer {os.environ['AGENTD_RUN_TOKEN']}"}
+    model = httpx.get(f"{base}/models", headers=headers, timeout=30).json()["data"][0]["id"]
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+            "program_id": program}
+    if session:
+        body["session_id"] = session
+    r = httpx.post(f"{base}/chat/completions", json=body, headers=headers, timeout=60)
+    if r.status_code < 300:
+        return {"escaped": f"chatted as {program}: {r.json()['choices'][0]['message']}"}
+    raise PermissionError(f"the daemon refused a chat as {program}: {r.status_code} "
+                          f"{r.text[:300]}")
 
 
 def main(attempt: str, target: str = ""):
@@ -146,4 +165,6 @@ def main(attempt: str, target: str = ""):
         return {"escaped": f"may signal the daemon (pid {os.getppid()})"}
     if attempt == "api":
         return _api(target)
+    if attempt == "chat":
+        return chat_as(target)
     raise ValueError(f"unknown attempt {attempt}")

@@ -46,6 +46,7 @@ STOPPED_BY: dict[str, set[str]] = {
     "signal-daemon": {"audit-hook", "landlock-scope", "uid"},
     "api-other-session": {"scopes"}, "api-runs": {"scopes"}, "api-other-state": {"scopes"},
     "api-cancel-other": {"scopes"}, "api-declare-tool": {"scopes"}, "api-tool-exec": {"scopes"},
+    "api-release-other": {"scopes"}, "api-chat-other": {"scopes"},
 }
 VICTIM = ("import time\n\nimport agentd\n\n\ndef main(secret: str):\n"
           "    with open('secret.txt', 'w') as f:\n        f.write(secret)\n"
@@ -162,6 +163,19 @@ def test_another_sessions_state_is_out_of_reach_through_the_api(setup: dict[str,
         assert "403" in view["error"]["reason"] and SECRET not in str(view)
 
 
+def test_a_run_cannot_release_or_chat_as_another_sessions_program(setup: dict[str, Any]) -> None:
+    if setup["config"] != "all-layers":
+        pytest.skip("the API is the same in every configuration")
+    d: DaemonProcess = setup["d"]
+    victim = setup["victim"]["program_id"]
+    view = _attempt(setup, "api-release-other", "api", f"POST /v1/programs/{victim}/release")
+    assert "403" in view["error"]["reason"] and "program_id" in view["error"]["reason"]
+    for target in (victim, f"{victim} victim-session"):
+        view = _attempt(setup, "api-chat-other", "chat", target)
+        assert "403" in view["error"]["reason"] and "program_id" in view["error"]["reason"]
+    assert d.get(f"/v1/programs/{victim}").json()["status"] not in ("STOPPED", "FAILED")
+    assert d.get(f"/v1/runs/{setup['victim']['id']}").json()["status"] == "running"
+
 def test_writing_outside_the_working_directory_fails(setup: dict[str, Any]) -> None:
     try:
         _attempt(setup, "write-tmp", "fill", "/tmp", limits={"file_size_mb": 4})
@@ -262,7 +276,8 @@ def test_the_victim_survived_and_its_secret_stayed_put(setup: dict[str, Any]) ->
 
 
 # Escapes through the API, not through the kernel: a run's token has scope `submit`, but
-# it may not act on other runs, and tool specs in a request need scope operator.
+# it is bound to its own run's programs and session, and tool specs in a request need
+# scope operator.
 
 
 def test_a_run_cannot_cancel_another_run(setup: dict[str, Any]) -> None:
@@ -277,6 +292,11 @@ def test_a_run_cannot_run_host_commands_through_tool_exec(setup: dict[str, Any])
         pytest.skip("the API is the same in every configuration")
     declare = '{"tools": [{"name": "sh", "backend": "process"}]}'
     exec_body = '{"command": "id -u", "spec": {"backend": "process"}}'
+    # on the run's own program, so that the spec check, not the run binding, refuses it
     with contextlib.suppress(AssertionError):  # declaring is not the escape; exec is
-        _attempt(setup, "api-declare-tool", "api", f"POST /v1/programs/p-x/tools {declare}")
-    _attempt(setup, "api-tool-exec", "api", f"POST /v1/programs/p-x/tools/sh/exec {exec_body}")
+        _attempt(setup, "api-declare-tool", "api",
+                 f"POST /v1/programs/{{program}}/tools {declare}")
+    view = _attempt(setup, "api-tool-exec", "api",
+                    f"POST /v1/programs/{{program}}/tools/sh/exec {exec_body}")
+    assert "need scope operator" in view["error"]["reason"], view["error"]
+
