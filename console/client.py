@@ -101,6 +101,11 @@ class api:
         return Call("GET", "/metrics", text=True)
 
     @staticmethod
+    def scheduling() -> Call:
+        """The SLO stack: active policies, controls, the daemon's goodput and counters."""
+        return Call("GET", "/v1/scheduling")
+
+    @staticmethod
     def workers() -> Call:
         return Call("GET", "/v1/workers")
 
@@ -193,6 +198,21 @@ class api:
                     {"after": after, "limit": limit})
 
     @staticmethod
+    def runs() -> Call:
+        return Call("GET", "/v1/runs")
+
+    @staticmethod
+    def run_control(run_id: str) -> Call:
+        """A run's agent instances, live calls and installed rules, as last reported."""
+        return Call("GET", f"/v1/runs/{_seg(run_id)}/control")
+
+    @staticmethod
+    def run_decisions(run_id: str, decisions: list[dict[str, Any]]) -> Call:
+        """Operator decisions (route, migrate, kill...) for one run, in the run's names."""
+        return Call("POST", f"/v1/runs/{_seg(run_id)}/control/decisions",
+                    body={"decisions": decisions})
+
+    @staticmethod
     def chat(model: str, messages: list[dict[str, Any]], max_tokens: int | None = None,
              program_id: str | None = None, session_id: str | None = None,
              stream: bool = False) -> Call:
@@ -210,21 +230,6 @@ def _drop_none(**kw: Any) -> dict[str, Any]:
 def _seg(value: str) -> str:
     """Quote an id for a path segment, so 'a/b' cannot reach another endpoint."""
     return quote(value, safe="")
-
-
-def histogram_buckets(text: str, name: str) -> dict[float, float]:
-    """Cumulative counts of an unlabelled histogram's buckets, by upper bound."""
-    out: dict[float, float] = {}
-    prefix = f'{name}_bucket{{le="'
-    for line in text.splitlines():
-        if not line.startswith(prefix):
-            continue
-        bound, _, value = line[len(prefix):].partition('"} ')
-        try:
-            out[float(bound)] = float(value)
-        except ValueError:
-            continue
-    return out
 
 
 def scalar_metrics(text: str) -> dict[str, float]:

@@ -43,26 +43,6 @@ async def get_program(s: AsyncSession, program_id: str) -> dict[str, Any] | None
     return out
 
 
-async def list_sessions(
-    s: AsyncSession, limit: int, offset: int
-) -> tuple[list[dict[str, Any]], int]:
-    total = await s.scalar(select(func.count()).select_from(models.Session))
-    counts = (
-        select(models.Program.session_id, func.count().label("programs"))
-        .group_by(models.Program.session_id)
-        .subquery()
-    )
-    rows = await s.execute(
-        select(models.Session, counts.c.programs)
-        .outerjoin(counts, counts.c.session_id == models.Session.id)
-        .order_by(models.Session.created_at.desc())
-        .limit(limit)
-        .offset(offset)
-    )
-    out = [{**as_dict(sess), "programs": n or 0} for sess, n in rows.all()]
-    return out, int(total or 0)
-
-
 async def get_session(s: AsyncSession, session_id: str) -> dict[str, Any] | None:
     row = await s.get(models.Session, session_id)
     if row is None:

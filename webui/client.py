@@ -99,9 +99,12 @@ class Api:
                               offset=offset)
         return list(body["data"]), int(body["total"])
 
-    async def sessions(self, limit: int = 100,
-                       offset: int = 0) -> tuple[list[dict[str, Any]], int]:
-        body = await self.get("/v1/sessions", limit=limit, offset=offset)
+    async def sessions(self, limit: int = 100, offset: int = 0, contains: str = "",
+                       tenant: str = "", sort: str = "created_at",
+                       desc: bool = True) -> tuple[list[dict[str, Any]], int]:
+        """One page of sessions, filtered and sorted by the daemon over all of them."""
+        body = await self.get("/v1/sessions", limit=limit, offset=offset, q=contains,
+                              tenant=tenant, sort=sort, order="desc" if desc else "asc")
         return list(body["data"]), int(body["total"])
 
     async def policies(self) -> list[dict[str, Any]]:

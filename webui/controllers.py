@@ -40,7 +40,7 @@ from webui.web import (
 STATUSES = ("QUEUED", "REASONING", "ACTING", "PAUSED", "STOPPED", "FAILED")
 PROGRAM_ACTIONS = ("release", "pause", "resume", "kill", "migrate")
 PAGE_SIZE = 25
-SORT_WINDOW = 1000  # a non-default sort or filter orders the newest this-many rows
+SORT_WINDOW = 1000  # a non-default program sort orders the newest this-many rows
 PROGRAM_SORTS = ("created_at", "id", "session_id", "status", "worker_id", "context_tokens",
                  "steps")
 SESSION_SORTS = ("created_at", "updated_at", "id", "tenant", "priority", "programs")
@@ -211,14 +211,8 @@ async def sessions_page(request: Req) -> Response[Any]:
     contains = str(q.get("q") or "").strip()
 
     async def page(api: Api) -> Response[Any]:
-        if t["sort"] == "created_at" and t["desc"] and not tenant and not contains:
-            rows, total = await api.sessions(PAGE_SIZE, (t["page"] - 1) * PAGE_SIZE)
-        else:  # the API filters nothing here: filter and sort its newest SORT_WINDOW
-            rows, _ = await api.sessions(SORT_WINDOW, 0)
-            rows = [r for r in rows if (not tenant or r.get("tenant") == tenant)
-                    and contains.lower() in str(r.get("id", "")).lower()]
-            total = len(rows)
-            rows = _sorted_page(rows, t["sort"], t["desc"], t["page"])
+        rows, total = await api.sessions(PAGE_SIZE, (t["page"] - 1) * PAGE_SIZE, contains,
+                                          tenant, t["sort"], t["desc"])
         return render(request, "sessions.html", title="Sessions", rows=rows,
                       sorts=SESSION_SORTS, tenant=tenant, contains=contains,
                       **{**t, **_pages(total, t["page"])})

@@ -67,11 +67,12 @@ async def snapshot(api: Api, history: History) -> dict[str, Any]:
     alerts = alerts_of(workers, health)
     if history.due(now):
         try:
-            history.add(sample_of(now, await api.text("/metrics"), workers))
+            history.add(sample_of(now, await api.text("/metrics"), workers,
+                                  await api.get("/v1/scheduling")))
         except ApiError as exc:
             if exc.status == 401:
                 raise
-            alerts.append(f"charts paused: /metrics answered {exc.status}: {exc.message}")
+            alerts.append(f"charts paused: the daemon answered {exc.status}: {exc.message}")
     return {
         "ts": now, "workers": workers, "alerts": alerts,
         "queued": health.get("queued", 0), "programs_total": total,

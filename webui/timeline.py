@@ -1,11 +1,12 @@
-"""Lay a session's trace events out as an SVG timeline: pure data in, shapes out.
+"""Lay a session's trace out as an SVG timeline: the shared spans in, shapes out.
 
-One lane per program. A request draws as a queue span (queued -> dispatched), a prefill
-span (dispatched -> first token) and a decode span (first token -> finished); a pause
-draws from the program entering PAUSED to it leaving; a tool call from its exec start to
-its end. A migration, a scheduling policy's decision and a program's end draw as
-markers. The template turns the shapes into SVG; every shape carries its hover title.
-`zoom` widens the plot (the page scrolls it), so dense traces stay readable.
+One lane per program. console/trace_spans.py reads the events (the TUI reads them the
+same way); this module only places its spans: a request draws as its queue, prefill
+and decode segments; a pause from the program entering PAUSED to it leaving; a tool
+call from its exec start to its end. A migration, a scheduling or control decision
+and a program's end draw as markers. The template turns the shapes into SVG; every
+shape carries its hover title. `zoom` widens the plot (the page scrolls it), so dense
+traces stay readable.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from console.trace_spans import ENDED, Segment, build_spans, slo_outcome
+from console.trace_spans import Span as TraceSpan
+
 WIDTH = 900
 LABEL_W = 170
 LANE_H = 40
 TOP = 26
 PLOT_W = WIDTH - LABEL_W - 10
 ZOOMS = (1, 2, 4, 8, 16)
-REQUEST_ENDS = ("request.finished", "request.aborted", "request.failed")
 # (y offset in the lane, height) of each row of shapes
 REQUEST_ROW, PAUSE_ROW, TOOL_ROW = (4, 14), (20, 7), (29, 7)
 
@@ -76,27 +79,26 @@ def layout(events: list[dict[str, Any]], now: float | None = None,
     t0 = min(e["ts"] for e in timed)
     t_end = max([e["ts"] for e in timed] + ([now] if now is not None else []))
     duration = max(t_end - t0, 1e-3)
-    builder = _Builder(t0, t_end, plot_w)
-    for e in timed:
-        builder.take(e)
-    builder.close_open_spans()
+    placer = _Placer(t0, t_end, plot_w)
+    for span in build_spans(timed):
+        if span.program_id != "-":
+            placer.place(span)
+    for lane in placer.lanes.values():
+        lane.markers.sort(key=lambda m: m.x)
     n_ticks = 4 * zoom
     ticks = [(LABEL_W + i / n_ticks * plot_w, _fmt(duration * i / n_ticks))
              for i in range(n_ticks + 1)]
-    height = TOP + max(len(builder.lanes), 1) * LANE_H + 6
-    return Timeline(width, height, LABEL_W, duration, list(builder.lanes.values()), ticks)
+    height = TOP + max(len(placer.lanes), 1) * LANE_H + 6
+    return Timeline(width, height, LABEL_W, duration, list(placer.lanes.values()), ticks)
 
 
-class _Builder:
-    """Reads events in order, keeping what is open (requests, pauses, tool calls)."""
+class _Placer:
+    """Turns each span into shapes in its program's lane, scaled to the plot."""
 
     def __init__(self, t0: float, t_end: float, plot_w: float) -> None:
         self.t0, self.t_end = t0, t_end
         self.scale = plot_w / max(t_end - t0, 1e-3)
         self.lanes: dict[str, Lane] = {}
-        self.requests: dict[str, dict[str, Any]] = {}
-        self.paused_at: dict[str, tuple[float, str]] = {}
-        self.tools: dict[tuple[str, Any], tuple[float, Any]] = {}
 
     def x(self, ts: float) -> float:
         return float(LABEL_W + (ts - self.t0) * self.scale)
@@ -106,106 +108,103 @@ class _Builder:
             self.lanes[pid] = Lane(pid, TOP + len(self.lanes) * LANE_H)
         return self.lanes[pid]
 
-    def span(self, lane: Lane, kind: str, start: float, end: float, row: tuple[int, int],
-             title: str) -> None:
-        x0, x1 = self.x(start), self.x(end)
+    def end_of(self, end: float | None) -> float:
+        return end if end is not None else self.t_end
+
+    def shape(self, lane: Lane, kind: str, start: float, end: float | None,
+              row: tuple[int, int], title: str) -> None:
+        x0, x1 = self.x(start), self.x(self.end_of(end))
         lane.spans.append(Span(kind, x0, lane.y + row[0], max(x1 - x0, 2.0), row[1], title))
 
     def mark(self, lane: Lane, kind: str, ts: float, title: str) -> None:
         lane.markers.append(Marker(kind, self.x(ts), lane.y + 12, title))
 
-    def take(self, e: dict[str, Any]) -> None:
-        pid = e.get("program_id")
-        if not isinstance(pid, str):
-            return
-        lane = self.lane(pid)
-        kind, ts, data = str(e["kind"]), float(e["ts"]), e.get("data") or {}
-        rid = e.get("request_id")
-        if kind.startswith("request.") and rid:
-            self.request_event(pid, rid, kind, ts, e, data)
-        elif kind == "tool.exec.start":
-            self.tools[(pid, data.get("exec_id"))] = (ts, data.get("tool"))
-        elif kind == "tool.exec.end":
-            start, _ = self.tools.pop((pid, data.get("exec_id")), (ts, None))
-            self.span(lane, "tool", start, ts, TOOL_ROW, _tool_title(data, ts - start))
-        elif kind.startswith("kv."):
-            self.mark(lane, "decision", ts, _decision_title(e))
-        elif kind == "program.status":
-            self.status_event(lane, ts, data)
-        elif kind == "program.migrated":
-            self.mark(lane, "migrate", ts,
-                      f"migrated {data.get('source')} -> {data.get('target')} by "
-                      f"{data.get('by', '?')}, recompute {data.get('recompute_tokens', 0)} tokens")
+    def place(self, span: TraceSpan) -> None:
+        lane = self.lane(span.program_id)
+        if span.kind == "request":
+            self.request(lane, span)
+        elif span.kind == "program":
+            self.program(lane, span)
+        elif span.kind == "tool" and span.segments and span.segments[0].kind == "exec":
+            self.shape(lane, "tool", span.start, span.end, TOOL_ROW, _tool_title(span))
+        elif span.kind == "decision":
+            self.mark(lane, "decision", span.start, _decision_title(span))
+        elif span.kind == "migrate":
+            self.mark(lane, "migrate", span.start, _migrate_title(span))
 
-    def request_event(self, pid: str, rid: str, kind: str, ts: float, e: dict[str, Any],
-                      data: dict[str, Any]) -> None:
-        r = self.requests.setdefault(rid, {"pid": pid})
-        if kind == "request.queued":
-            r["queued"] = ts
-        elif kind == "request.dispatched":
-            r.setdefault("queued", ts)
-            r.update(dispatched=ts, worker=e.get("worker_id"))
-        elif kind == "request.first_token":
-            r["first_token"] = ts
-        elif kind in REQUEST_ENDS:
-            r["finished"] = (ts, {**data, "kind": kind})
+    def program(self, lane: Lane, span: TraceSpan) -> None:
+        for seg in span.segments:
+            if seg.kind == "paused":
+                self.shape(lane, "pause", seg.start, seg.end, PAUSE_ROW, self.pause_title(seg))
+        status = span.details.get("status")
+        if span.end is not None and status in ENDED:
+            why = span.segments[-1].ended_why if span.segments else ""
+            self.mark(lane, "end", span.end, f"{status}: {why}")
 
-    def status_event(self, lane: Lane, ts: float, data: dict[str, Any]) -> None:
-        pid = lane.program_id
-        if data.get("new") == "PAUSED":
-            self.paused_at[pid] = (ts, str(data.get("reason", "")))
-        elif data.get("old") == "PAUSED" and pid in self.paused_at:
-            start, why = self.paused_at.pop(pid)
-            self.span(lane, "pause", start, ts, PAUSE_ROW,
-                      f"paused {_fmt(ts - start)} ({why}); {data.get('reason', '')}")
-        if data.get("new") in ("STOPPED", "FAILED"):
-            self.mark(lane, "end", ts, f"{data.get('new')}: {data.get('reason', '')}")
+    def pause_title(self, seg: Segment) -> str:
+        if seg.end is None:
+            return f"paused at {_fmt(seg.start - self.t0)} ({seg.why}), still paused"
+        return f"paused {_fmt(seg.end - seg.start)} ({seg.why}); {seg.ended_why}"
 
-    def close_open_spans(self) -> None:
-        """Draw what is still open up to the end of the trace, then every request."""
-        for pid, (start, why) in self.paused_at.items():
-            self.span(self.lanes[pid], "pause", start, self.t_end, PAUSE_ROW,
-                      f"paused at {_fmt(start - self.t0)} ({why}), still paused")
-        for (pid, _), (start, tool) in self.tools.items():
-            self.span(self.lanes[pid], "tool", start, self.t_end, TOOL_ROW,
-                      f"tool {tool}: running")
-        for rid, r in self.requests.items():
-            self.request_spans(self.lanes[r["pid"]], rid, r)
-
-    def request_spans(self, lane: Lane, rid: str, r: dict[str, Any]) -> None:
-        fin = r.get("finished")
-        end_ts = fin[0] if fin else self.t_end
-        queued, dispatched, first = r.get("queued"), r.get("dispatched"), r.get("first_token")
-        if queued is not None:
-            q_end = dispatched if dispatched is not None else end_ts
-            self.span(lane, "queue", queued, q_end, REQUEST_ROW,
-                      f"{rid}: queued {_fmt(q_end - queued)}")
-        if dispatched is None:
-            return
-        where = f"{rid} on {r.get('worker')}"
-        detail = "running"
-        if fin:
-            d = fin[1]
-            detail = (f"prompt {d.get('prompt_tokens')} (cached {d.get('cached_tokens')}), "
-                      f"output {d.get('output_tokens')}, {d['kind'].split('.')[-1]} "
-                      f"({d.get('reason')})")
-        prefill_end = first if first is not None else end_ts
-        self.span(lane, "prefill", dispatched, prefill_end, REQUEST_ROW,
-                  f"{where}: prefill {_fmt(prefill_end - dispatched)}"
-                  + ("" if first is not None else f"; {detail}"))
-        if first is not None:
-            self.span(lane, "decode", first, end_ts, REQUEST_ROW,
-                      f"{where}: decode {_fmt(end_ts - first)}, TTFT "
-                      f"{_fmt(first - dispatched)}; {detail}")
+    def request(self, lane: Lane, span: TraceSpan) -> None:
+        rid = span.request_id
+        where = f"{rid} on {span.worker_id}"
+        detail = _request_detail(span)
+        decoded = any(seg.kind == "decode" for seg in span.segments)
+        for seg in span.segments:
+            took = _fmt(self.end_of(seg.end) - seg.start)
+            if seg.kind == "queue":
+                title = f"{rid}: queued {took}"
+            elif seg.kind == "prefill":
+                title = f"{where}: prefill {took}" + ("" if decoded else f"; {detail}")
+            else:
+                title = f"{where}: decode {took}, TTFT {_fmt(span.ttft() or 0.0)}; {detail}"
+            self.shape(lane, seg.kind, seg.start, seg.end, REQUEST_ROW, title)
 
 
-def _tool_title(data: dict[str, Any], took: float) -> str:
-    outcome = "ok" if data.get("ok") else str(data.get("reason"))
-    return f"tool {data.get('tool')}: {_fmt(took)}, exit {data.get('exit_code')} ({outcome})"
+def _request_detail(span: TraceSpan) -> str:
+    if span.end is None:
+        return "running"
+    d = span.details
+    return (f"prompt {d.get('prompt_tokens')} (cached {d.get('cached_tokens')}), "
+            f"output {d.get('output_tokens')}, {d.get('status')} ({d.get('reason')})"
+            + _slo_note(span))
 
 
-def _decision_title(e: dict[str, Any]) -> str:
-    data = e.get("data") or {}
-    where = f" on {e.get('worker_id')}" if e.get("worker_id") else ""
-    return (f"{e['kind']}{where} by policy {data.get('policy')} v{data.get('policy_version')}:"
-            f" {data.get('reason', '')}")
+def _slo_note(span: TraceSpan) -> str:
+    """The daemon's verdict on a finished request, from the SLO its task was tagged with."""
+    slo = slo_outcome(span)
+    if slo is None or slo.state == "pending":
+        return ""
+    missed = f" on {slo.why}" if slo.state == "missed" else ""
+    targets = f"TTFT \u2264 {_fmt(slo.slo_ttft_s)}"
+    if slo.slo_tpot_s is not None:
+        targets += f", TPOT \u2264 {_fmt(slo.slo_tpot_s)}"
+    return f"; SLO {slo.state}{missed} (task {slo.task or '?'}: {targets})"
+
+
+def _tool_title(span: TraceSpan) -> str:
+    d = span.details
+    if span.end is None:
+        return f"tool {d.get('tool')}: running"
+    outcome = "ok" if d.get("ok") else str(d.get("reason"))
+    return (f"tool {d.get('tool')}: {_fmt(span.end - span.start)}, exit {d.get('exit_code')}"
+            f" ({outcome})")
+
+
+def _decision_title(span: TraceSpan) -> str:
+    d = span.details
+    if span.name.startswith("control "):
+        verdict = "accepted" if d.get("ok") else f"refused: {d.get('reason')}"
+        return f"control decision {d.get('decision_kind')} by {d.get('by')}: {verdict}"
+    where = f" on {span.worker_id}" if span.worker_id else ""
+    return (f"kv.{span.name}{where} by policy {d.get('policy')} v{d.get('policy_version')}:"
+            f" {d.get('reason', '')}")
+
+
+def _migrate_title(span: TraceSpan) -> str:
+    d = span.details
+    if "call" in d:
+        return f"call {d['call']} moved {d.get('from')} -> {d.get('to')}"
+    return (f"migrated {d.get('from')} -> {span.worker_id} by {d.get('by') or '?'}, "
+            f"recompute {d.get('recompute_tokens') or 0} tokens")

@@ -89,8 +89,8 @@ def add_tui_parser(subparsers: Any,
     tui.add_argument("--interval", type=_interval, default=1.0, metavar="SECONDS",
                      help="poll interval (default: %(default)s)")
     tui.add_argument("--ttft-slo", type=_interval, default=1.0, metavar="SECONDS",
-                     help="time-to-first-token SLO for goodput and the trace's verdicts "
-                          "(default: %(default)s)")
+                     help="time-to-first-token SLO for the trace's verdicts on requests the "
+                          "daemon did not tag with their task's SLO (default: %(default)s)")
     tui.add_argument("--kv-imbalance", type=_fraction, default=DEFAULT_KV_IMBALANCE,
                      metavar="FRACTION",
                      help="alert when healthy workers' KV usage differs by more than this "

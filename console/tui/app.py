@@ -19,13 +19,14 @@ from textual.binding import Binding, BindingType
 from console.client import AsyncAgentdClient, Call, ClientError
 from console.tui.alerts import DEFAULT_KV_IMBALANCE, Alert, alerts
 from console.tui.data import Clock, Poller, Snapshot, migrate_session, program_action
+from console.tui.instance_moves import InstanceMove, decision_outcome, fetch_instance_moves
 from console.tui.messages import ActionDone, DaemonUnreachable, SnapshotLoaded
 from console.tui.rates import Rates
 from console.tui.screens.base import DaemonView
 from console.tui.screens.confirm import ConfirmModal
 from console.tui.screens.help import HelpModal
 from console.tui.screens.jump import JumpModal
-from console.tui.screens.migrate import MigrateModal
+from console.tui.screens.migrate import MigrateModal, MigrateTarget
 from console.tui.screens.overview import OverviewScreen
 from console.tui.screens.policies import PoliciesScreen
 from console.tui.screens.programs import ProgramsScreen
@@ -72,7 +73,7 @@ class AgentdTui(App[None]):
         self.ttft_slo_s = ttft_slo_s
         self.kv_imbalance = kv_imbalance
         self.poller = Poller(client, clock)
-        self.rates = Rates(ttft_slo_s)
+        self.rates = Rates()
         self.snapshot: Snapshot | None = None
         self.error: str | None = None
         self.last_action: ActionDone | None = None
@@ -221,23 +222,27 @@ class AgentdTui(App[None]):
             self.notify("no workers known yet", severity="warning")
             return
 
-        def chosen(worker_id: str | None) -> None:
-            if worker_id:
-                self.send(f"migrate session {session_id} to {worker_id}",
-                          migrate_session(session_id, worker_id))
+        def chosen(target: MigrateTarget | None) -> None:
+            if isinstance(target, InstanceMove):
+                self.send(target.describe(), target.call(), decision_outcome)
+            elif target:
+                self.send(f"migrate session {session_id} to {target}",
+                          migrate_session(session_id, target))
 
-        self.push_screen(MigrateModal(session_id, self.snapshot.workers), chosen)
+        modal = MigrateModal(session_id, self.snapshot.workers,
+                             lambda: fetch_instance_moves(self.client, session_id))
+        self.push_screen(modal, chosen)
 
     @work(group="actions")
     async def send(self, description: str, call: Call,
                    summarize: Callable[[Any], str] | None = None) -> None:
         try:
             answer = await self.client.call(call)
-        except ClientError as exc:
+            detail = summarize(answer) if summarize else "done"
+        except ClientError as exc:  # `summarize` raises it for an answer that says no
             self.post_message(ActionDone(description, False, exc.message))
             return
-        self.post_message(ActionDone(description, True,
-                                     summarize(answer) if summarize else "done", answer))
+        self.post_message(ActionDone(description, True, detail, answer))
 
     def on_action_done(self, message: ActionDone) -> None:
         self.last_action = message

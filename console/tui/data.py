@@ -12,12 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from console.client import AsyncAgentdClient, Call, Json, api, histogram_buckets, scalar_metrics
+from console.client import AsyncAgentdClient, Call, Json, api, scalar_metrics
 
 PROGRAM_LIMIT = 500
 SESSION_LIMIT = 500
 SLOW_EVERY_S = 5.0
-TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"
 ACTIONS = ("pause", "resume", "release", "kill")
 
 Clock = Callable[[], float]
@@ -33,7 +32,7 @@ class Snapshot:
     programs_total: int
     taken_at: float
     metrics: dict[str, float] = field(default_factory=dict)
-    ttft_buckets: dict[float, float] = field(default_factory=dict)
+    slo: dict[str, Any] = field(default_factory=dict)  # GET /v1/scheduling
     policies: list[dict[str, Any]] = field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
     policy_events: list[dict[str, Any]] = field(default_factory=list)
@@ -79,13 +78,13 @@ class Poller:
         programs = await c.call(api.programs(limit=PROGRAM_LIMIT))
         text = await c.call(api.metrics())
         policies = (await c.call(api.policies()))["data"]
+        slo = await c.call(api.scheduling())
         now = self.clock()
         if now - self._slow_at >= self.slow_every:
             await self._fetch_slow(policies)
             self._slow_at = now
         return Snapshot(health, workers, programs["data"], int(programs["total"]), now,
-                        scalar_metrics(text), histogram_buckets(text, TTFT_HISTOGRAM),
-                        policies, self._tools, self._policy_events)
+                        scalar_metrics(text), slo, policies, self._tools, self._policy_events)
 
     async def _fetch_slow(self, policies: list[dict[str, Any]]) -> None:
         self._tools = (await self.client.call(api.tools()))["data"]

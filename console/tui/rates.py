@@ -1,15 +1,16 @@
-"""Cluster throughput and goodput over time, from successive polls of /metrics counters.
+"""Cluster throughput and goodput over time, from successive polls of the daemon's counters.
 
-Goodput counts the requests whose time to first token met the operator's TTFT SLO
-(`--ttft-slo`), read from the daemon's TTFT histogram: the SLO is rounded down to a
-bucket bound, since the histogram cannot say more.
+Goodput is the daemon's own figure: requests that met both the TTFT and the TPOT SLO of
+their task (GET /v1/scheduling `counters.met`, judged by the daemon's SLO stack), per
+second between two polls. The daemon's long-window goodput and attainment come along
+for the title. Nothing here judges a request against an SLO itself.
 """
 
 from __future__ import annotations
 
-import bisect
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from console.tui.data import Snapshot
 
@@ -17,22 +18,18 @@ HISTORY = 120
 GENERATED = "vllm:generation_tokens"
 
 
-def slo_bucket(bounds: list[float], slo_s: float) -> float | None:
-    """The largest histogram bound at or under the SLO; None when all are above it."""
-    ordered = sorted(b for b in bounds if b != float("inf"))
-    i = bisect.bisect_right(ordered, slo_s)
-    return ordered[i - 1] if i else None
+def slo_met(snap: Snapshot) -> float:
+    return float((snap.slo.get("counters") or {}).get("met", 0))
 
 
 @dataclass
 class Rates:
-    """Per-poll rates: generated tokens/s and requests/s within the TTFT SLO."""
+    """Per-poll rates: generated tokens/s, and requests/s that met their SLOs."""
 
-    ttft_slo_s: float
     size: int = HISTORY
     throughput: deque[float] = field(init=False)
     goodput: deque[float] = field(init=False)
-    bucket: float | None = None
+    window: dict[str, Any] = field(default_factory=dict)  # the daemon's, as last polled
     _last: tuple[float, float, float] | None = None
 
     def __post_init__(self) -> None:
@@ -41,9 +38,8 @@ class Rates:
 
     def add(self, snap: Snapshot) -> None:
         """Fold in one poll; polls without time passing (or a daemon restart) add nothing."""
-        self.bucket = slo_bucket(list(snap.ttft_buckets), self.ttft_slo_s)
-        good = snap.ttft_buckets.get(self.bucket, 0.0) if self.bucket is not None else 0.0
-        point = (snap.taken_at, snap.metrics.get(GENERATED, 0.0), good)
+        self.window = dict(snap.slo.get("window") or {})
+        point = (snap.taken_at, snap.metrics.get(GENERATED, 0.0), slo_met(snap))
         last = self._last
         if last is not None and point[0] <= last[0]:
             return

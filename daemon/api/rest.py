@@ -16,6 +16,7 @@ from daemon.core import Core
 from daemon.metrics import Exposition
 from daemon.state import WorkerState
 from db import repositories as repo
+from db.session_search import SESSION_SORTS, SessionQuery, search_sessions
 
 _STATUSES = ("QUEUED", "REASONING", "ACTING", "PAUSED", "STOPPED", "FAILED")
 
@@ -135,15 +136,24 @@ class RestController(Controller):
         program = await core.release_program(program_id)
         return {"id": program.id, "status": program.status.value}
 
-    @get("/sessions", summary="Sessions, newest first")
+    @get("/sessions", summary="Sessions, newest first; filter by id or tenant, sort, page")
     async def sessions(
         self, core: Core,
         limit: int = Parameter(default=100, ge=1, le=1000),
         offset: int = Parameter(default=0, ge=0, le=2**62),
+        q: str = Parameter(default="", max_length=128, description="the id contains (any case)"),
+        tenant: str = Parameter(default="", max_length=128),
+        sort: str = Parameter(default="created_at", description=", ".join(SESSION_SORTS)),
+        order: str = Parameter(default="desc", description="asc or desc"),
     ) -> dict[str, Any]:
+        if sort not in SESSION_SORTS:
+            raise ApiError(400, f"sort must be one of {', '.join(SESSION_SORTS)}", param="sort")
+        if order not in ("asc", "desc"):
+            raise ApiError(400, "order must be asc or desc", param="order")
         await core.writer.flush()
         async with core.sessions() as s:
-            rows, total = await repo.list_sessions(s, limit, offset)
+            rows, total = await search_sessions(
+                s, SessionQuery(q, tenant, sort, order == "desc"), limit, offset)
         return {"data": rows, "total": total}
 
     @get("/sessions/{session_id:str}", summary="One session with its programs")

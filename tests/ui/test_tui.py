@@ -11,6 +11,7 @@ import html
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -327,6 +328,110 @@ async def test_migrate_from_the_trace_and_export(daemon: DaemonProcess, tmp_path
         assert screen.last_export is not None and screen.last_export.parent == tmp_path
         exported = json.loads(screen.last_export.read_text())
         assert any(e["kind"] == "program.migrated" for e in exported["data"])
+
+
+HOL_SRC = '''import time
+
+import agentd
+
+
+@agentd.agent(min_instances=2, max_instances=2)
+class Worker:
+    def work(self, i: int, delay: float) -> int:
+        time.sleep(delay)
+        return i
+
+
+def main(n: int = 8, delay: float = 2.0, settle: float = 2.5) -> list[int]:
+    w = Worker()
+    assert w.instances == 2  # registers the agent: its local controllers report from now
+    time.sleep(settle)  # the test routes every call to Worker#0 meanwhile
+    futures = [w.work(i, delay) for i in range(n)]
+    return [int(f) for f in futures]
+'''
+
+
+def control_policy(d: DaemonProcess, name: str) -> None:
+    r = httpx.put(f"{d.url}/v1/control/policy", json={"name": name},
+                  headers=d.auth_headers(), timeout=10)
+    assert r.status_code == 200 and r.json()["policy"] == name, r.text
+
+
+def queued_on(d: DaemonProcess, run_id: str, instance: str) -> int:
+    view = d.get(f"/v1/runs/{run_id}/control").json()
+    return sum(f["executor"] == instance and f["status"] == "queued"
+               for f in view.get("futures", []))
+
+
+async def test_migrate_a_runs_calls_to_an_agent_instance(daemon: DaemonProcess) -> None:
+    """A run's calls all wait on Worker#0 (an operator's route); the migrate modal of the
+    run's session offers Worker#1 and moves them there, and the trace shows the moves."""
+    control_policy(daemon, "static")  # no global policy moves calls behind the test's back
+    try:
+        r = daemon.post("/v1/workflows", json={"name": "tui-hol", "files": {
+            "main.py": HOL_SRC}, "entry": "main:main"})
+        assert r.status_code == 201, r.text
+        run = daemon.post("/v1/runs", json={"workflow": "tui-hol", "session_id": "inst-s"}).json()
+        deadline = time.time() + 20
+        while not daemon.get(f"/v1/runs/{run['id']}/control").json()["reported"]:
+            assert time.time() < deadline, "the sandbox never reported its view"
+            time.sleep(0.1)
+        route = {"kind": "WeightedRoute", "agent_type": "Worker", "instances": ["Worker#0"],
+                 "weights": [1.0], "reason": "test: every call to one instance"}
+        r = daemon.post(f"/v1/runs/{run['id']}/control/decisions", json={"decisions": [route]})
+        assert r.status_code == 200 and r.json()["results"][0]["ok"], r.text
+        while queued_on(daemon, run["id"], "Worker#0") < 3:
+            assert time.time() < deadline + 10, "the calls never queued on Worker#0"
+            time.sleep(0.1)
+
+        app = tui(daemon)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("colon", *"trace inst-s", "enter")
+            screen = app.screen
+            assert isinstance(screen, TraceScreen)
+            timeline = screen.query_one(TraceTimeline)
+            await pilot.press("m")
+            modal = app.screen
+            assert isinstance(modal, MigrateModal)
+            for _ in range(400):
+                if any(m.possible for m in modal.moves):
+                    break
+                await pilot.pause(0.05)
+            else:
+                note = modal.query_one("#instances-note", Static).render()
+                view = daemon.get(f"/v1/runs/{run['id']}/control").json()
+                raise AssertionError(f"no instance offered ({note}; {modal.moves}): {view}")
+            [move] = modal.moves  # Worker#1: Worker#0 holds the calls, it is the source
+            assert (move.source, move.destination, move.run_id) == (
+                "Worker#0", "Worker#1", run["id"])
+            assert move.waiting >= 2
+            options = modal.query_one(OptionList)
+            assert "Worker#1" in str(options.get_option_at_index(len(modal.targets) + 1).prompt)
+            options.highlighted = len(modal.targets) + 1  # after the workers and a heading
+            await pilot.press("enter")
+            await until(pilot, lambda: app.last_action is not None, "the decision's answer")
+            assert app.last_action is not None and app.last_action.ok, app.last_action
+            await until(pilot, lambda: any(s.kind == "migrate" and s.name == "call → Worker#1"
+                                           for s in timeline.spans), "a moved call in the trace")
+            assert any(s.kind == "decision" and s.name == "control Migrate"
+                       for s in timeline.spans)
+
+        while (final := daemon.get(f"/v1/runs/{run['id']}").json())["status"] not in (
+                "finished", "failed", "cancelled"):
+            assert time.time() < deadline + 40, final
+            time.sleep(0.2)
+        assert final["status"] == "finished" and final["result"] == list(range(8)), final
+    finally:
+        control_policy(daemon, "nalar-default")
+    events = daemon.get("/v1/sessions/inst-s/trace", params={"limit": 2000}).json()["data"]
+    [decision] = [e["data"] for e in events if e["kind"] == "control.decision"
+                  and e["data"].get("by") == "operator" and e["data"]["decision_kind"] == "Migrate"]
+    assert decision["ok"] and (decision["source"], decision["destination"]) == (
+        "Worker#0", "Worker#1")
+    started = {e["data"]["id"]: e["data"]["instance"] for e in events
+               if e["kind"] == "future.started"}
+    moved = {e["data"]["id"] for e in events if e["kind"] == "future.migrated"}
+    assert moved and all(started[f] == "Worker#1" for f in moved)  # each ran where it went
 
 
 async def test_sessions_view_drills_down_to_a_request(daemon: DaemonProcess) -> None:

@@ -7,13 +7,15 @@ from typing import Any
 
 import pytest
 
-from console.client import histogram_buckets
+from console.client import scalar_metrics
 from console.render import nbytes
+from console.trace_spans import Span, build_spans, slo_outcome
 from console.tui import add_tui_parser
 from console.tui.alerts import alerts, imbalance_alert, rollback_alerts
 from console.tui.data import Snapshot
-from console.tui.rates import Rates, slo_bucket
-from console.tui.timeline import bar_cells, build_spans, describe, slo_verdict
+from console.tui.rates import Rates
+from console.tui.screens.overview import rate_titles
+from console.tui.timeline import bar_cells, describe, slo_text
 from console.tui.widgets.programs_table import SORTS, sort_programs
 
 T0 = 1000.0
@@ -82,7 +84,53 @@ def test_drill_down_names_tokens_worker_and_slo() -> None:
     assert "shell exec" in tool and "exit_code=0" in tool and "stderr" not in tool
     assert "recompute_tokens=48" in describe(spans[5], T0 + 10)
     assert "paused 3.8s" in describe(spans[0], T0 + 10)
-    assert slo_verdict(None, 1.0, ended=True) == "SLO missed (no first token)"
+    unserved = Span("request", "p1", T0, T0 + 1, request_id="r9",
+                    details={"queued_at": T0})
+    outcome = slo_outcome(unserved, 1.0)
+    assert outcome is not None and slo_text(outcome) == "SLO missed (no first token)"
+    assert slo_outcome(unserved) is None  # no SLO tagged and no fallback: no verdict
+
+
+def tagged(rid: str, first: float, end: float | None, out: int) -> list[dict[str, Any]]:
+    """One request the daemon tagged with its task's SLO: TTFT 0.5 s, TPOT 50 ms."""
+    events = [ev("request.queued", 0.0, rid=rid, task="chat", slo_ttft_s=0.5,
+                 slo_tpot_s=0.05, l_pred=20),
+              ev("request.dispatched", 0.1, rid=rid, worker="w0"),
+              ev("request.first_token", first, rid=rid, worker="w0")]
+    if end is not None:
+        events.append(ev("request.finished", end, rid=rid, worker="w0", prompt_tokens=10,
+                         cached_tokens=0, output_tokens=out, reason="stop"))
+    return events
+
+
+def test_verdict_uses_the_slo_the_daemon_tagged_the_request_with() -> None:
+    """The fallback TTFT SLO (1 s here) is not what judges a tagged request: its task's
+    TTFT and TPOT are, as the daemon's goodput counts it."""
+    def verdict(first: float, end: float | None, out: int) -> str:
+        [span] = build_spans(tagged("r", first, end, out))
+        return describe(span, T0 + 10, ttft_slo_s=1.0)
+
+    met = verdict(0.3, 0.3 + 0.04 * 10, 11)  # ttft 300 ms, tpot 40 ms
+    assert "SLO met (ttft ≤ 500ms, tpot ≤ 50ms, task chat)" in met and "tpot 40ms" in met
+    assert "SLO MISSED on ttft" in verdict(0.8, 1.0, 3)  # met the 1 s fallback, not 0.5 s
+    assert "SLO MISSED on tpot" in verdict(0.3, 0.3 + 0.06 * 10, 11)
+    assert "SLO pending (ttft ≤ 500ms" in verdict(0.3, None, 0)  # tpot unknown until done
+    assert "slo_ttft_s" not in met and "task=" not in met  # said once, in the verdict
+
+
+def test_run_control_events_are_rows() -> None:
+    """An operator's control decision and the call migrations it causes show in the trace."""
+    events = [ev("program.created", 0.0, pid="drv"),
+              ev("control.decision", 1.0, pid="drv", by="operator", ok=True, reason=None,
+                 decision_kind="Migrate", decision_session_id="s", source="W#0",
+                 destination="W#1"),
+              ev("future.migrated", 1.2, pid="drv", run_id="run-1", id="f3", source="W#0",
+                 destination="W#1")]
+    _, decision, moved = build_spans(events)
+    assert (decision.kind, decision.name) == ("decision", "control Migrate")
+    assert "by=operator" in describe(decision, T0 + 2)
+    assert moved.kind == "migrate" and moved.name == "call → W#1"
+    assert moved.details == {"from": "W#0", "to": "W#1", "call": "f3"}
 
 
 def test_bars_scale_to_the_width() -> None:
@@ -92,22 +140,25 @@ def test_bars_scale_to_the_width() -> None:
     assert bar_cells(spans[6], T0, T0 + 5.0, 51, T0 + 5.0) == (11, 45)
 
 
-def snap(t: float, generated: float, good: float, **kw: Any) -> Snapshot:
+def snap(t: float, generated: float, met: float, **kw: Any) -> Snapshot:
+    window = kw.get("window", {"seconds": 60.0, "completions": 0})
     return Snapshot({"status": "ok"}, kw.get("workers", []), [], 0, t,
                     {"vllm:generation_tokens": generated},
-                    {0.5: good, 1.0: good + 1, float("inf"): good + 2},
+                    {"counters": {"completed": met + 1, "met": met}, "window": window},
                     policy_events=kw.get("events", []))
 
 
-def test_rates_from_counter_deltas() -> None:
-    rates = Rates(ttft_slo_s=0.8)
+def test_goodput_is_the_daemons_count_of_requests_that_met_their_slo() -> None:
+    rates = Rates()
     for s in (snap(0, 0, 0), snap(2, 100, 4), snap(2, 100, 4), snap(3, 160, 5),
               snap(4, 10, 0), snap(5, 30, 1)):
         rates.add(s)
-    assert rates.bucket == 0.5  # the SLO rounds down to a bucket bound
     assert list(rates.throughput) == [50.0, 60.0, 20.0]  # the restart (160 → 10) adds nothing
     assert list(rates.goodput) == [2.0, 1.0, 1.0]
-    assert slo_bucket([0.5, 1.0], 0.1) is None
+    assert rate_titles(rates)[1].endswith("(none finished in 60s)")
+    rates.add(snap(6, 40, 3, window={"seconds": 60.0, "completions": 40,
+                                     "goodput_rps": 0.5, "slo_attainment": 0.75}))
+    assert rate_titles(rates)[1] == "goodput 2.00 req/s met their SLOs (60s: 0.50/s, 75% met)"
 
 
 def worker(wid: str, used: int, status: str = "healthy") -> dict[str, Any]:
@@ -140,9 +191,9 @@ def test_sorts_put_missing_values_last() -> None:
 
 
 def test_metric_parsing_and_sizes() -> None:
-    text = ('# TYPE x histogram\nx_bucket{le="0.5"} 3\nx_bucket{le="+Inf"} 7\nx_count 7\n'
+    text = ('# TYPE x histogram\nx_bucket{le="0.5"} 3\nx_count 7\n'
             'x_bucket{worker="a",le="0.5"} 99\n')
-    assert histogram_buckets(text, "x") == {0.5: 3.0, float("inf"): 7.0}
+    assert scalar_metrics(text) == {"x_count": 7.0}  # labelled samples are not scalars
     assert [nbytes(v) for v in (None, 512, 1536, 5 * 2**30)] == [
         "-", "512 B", "1.5 KiB", "5.0 GiB"]
 

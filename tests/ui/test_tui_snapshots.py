@@ -29,7 +29,7 @@ SIZE = (120, 34)
 URL = "http://agentd.test:8420"
 NOW = 1_760_000_000.0
 RATES = [(0, 0), (410, 3), (980, 9), (1320, 14), (2210, 21), (2890, 27), (3150, 29),
-         (4020, 35), (4880, 43), (5330, 46), (6120, 52), (6700, 55)]  # generated, ttft≤1s
+         (4020, 35), (4880, 43), (5330, 46), (6120, 52), (6700, 55)]  # generated, SLO met
 LAST_METRICS_CALL = len(RATES) + 2  # the script's end, then a poll that changes nothing
 
 POLICY_SOURCE = '''\
@@ -178,10 +178,15 @@ def with_source(v: dict[str, Any], request: httpx.Request) -> dict[str, Any]:
 
 
 def metrics_text(generated: float, good: float) -> str:
-    buckets = "\n".join(f'vllm:time_to_first_token_seconds_bucket{{le="{b}"}} '
-                        f"{good if b >= 1.0 else good / 2}" for b in (0.5, 1.0, 2.5))
-    return (f"vllm:generation_tokens {generated}\nagentd_requests_total {good + 3}\n"
-            f'{buckets}\nvllm:time_to_first_token_seconds_bucket{{le="+Inf"}} {good + 3}\n')
+    return f"vllm:generation_tokens {generated}\nagentd_requests_total {good + 3}\n"
+
+
+def scheduling(met: float) -> dict[str, Any]:
+    """GET /v1/scheduling: the counters and the long window the overview's goodput reads."""
+    return {"counters": {"completed": met + 3, "met": met},
+            "window": {"seconds": 60.0, "completions": 58, "goodput_rps": 0.92,
+                       "slo_attainment": 0.95, "ttft_compliance": 0.97,
+                       "tpot_compliance": 0.98, "esg_ratio": 0.9, "output_len_cv": 0.4}}
 
 
 class FixedDaemon:
@@ -199,6 +204,7 @@ class FixedDaemon:
             ("GET", "/v1/policies"): lambda r: {"data": POLICY_LIST},
             ("GET", "/v1/tools"): lambda r: {"data": TOOLS},
             ("GET", "/v1/sessions"): lambda r: {"data": SESSIONS, "total": 3},
+            ("GET", "/v1/scheduling"): lambda r: scheduling(RATES[self.step()][1]),
             ("GET", "/v1/sessions/sess-a/trace"): lambda r: {
                 "data": [e for e in trace_events() if e["id"] > int(r.url.params["after"])],
                 "next_after": None},
@@ -227,12 +233,14 @@ class FixedDaemon:
                 "source": BROKEN_SOURCE if canary else POLICY_SOURCE,
                 "events": POLICY_EVENTS if canary else [ROLLBACK]}
 
+    def step(self) -> int:
+        return max(min(self.metrics_calls, len(RATES)) - 1, 0)
+
     def metrics(self) -> str:
         self.metrics_calls += 1
-        step = min(self.metrics_calls, len(RATES)) - 1
         if self.metrics_calls <= len(RATES):
             self.now = NOW - len(RATES) + self.metrics_calls
-        return metrics_text(*RATES[step])
+        return metrics_text(*RATES[self.step()])
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         if self.down:

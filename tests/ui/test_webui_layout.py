@@ -6,7 +6,8 @@ import difflib
 
 import pytest
 
-from webui.charts import GOODPUT_TTFT_S, History, Sample, parse_metrics, sample_of
+from console.trace_spans import build_spans
+from webui.charts import History, Sample, parse_metrics, sample_of
 from webui.diffview import side_by_side
 from webui.futuregraph import NODE_W, futures_of
 from webui.futuregraph import layout as graph
@@ -46,7 +47,8 @@ def test_timeline_layout_spans_and_markers() -> None:
     assert kinds["prefill"].x == pytest.approx(kinds["queue"].x + kinds["queue"].w)
     assert kinds["decode"].x == pytest.approx(kinds["prefill"].x + kinds["prefill"].w)
     assert kinds["prefill"].w == pytest.approx(kinds["decode"].w * 1.0, rel=0.01)
-    assert "TTFT 250 ms" in kinds["decode"].title and "output 9" in kinds["decode"].title
+    # TTFT from the request's queueing, as the daemon and the TUI count it
+    assert "TTFT 750 ms" in kinds["decode"].title and "output 9" in kinds["decode"].title
     assert "on w0" in kinds["decode"].title and "finished (length)" in kinds["decode"].title
     assert "thrashing" in kinds["pause"].title
     assert kinds["tool"].w == pytest.approx(kinds["queue"].w, rel=0.01)
@@ -58,6 +60,36 @@ def test_timeline_layout_spans_and_markers() -> None:
     q = t.lanes[1].spans[0]
     assert q.kind == "queue" and q.x + q.w == pytest.approx(t.width - 10)
     assert layout([]).lanes == []
+
+
+def test_timeline_draws_what_the_tui_reads() -> None:
+    """The shapes come from console/trace_spans.py, so a requeued request shows each
+    of its waits (as the TUI's rows do), a finished request carries the daemon's SLO
+    verdict, and a run's control decision and call migration are markers."""
+    events = [
+        _ev(1, 10.0, "request.queued", request_id="r", task="chat", slo_ttft_s=0.5,
+            slo_tpot_s=0.05),
+        _ev(2, 10.2, "request.dispatched", request_id="r", worker_id="w0"),
+        _ev(3, 10.4, "request.requeued", request_id="r", reason="paused"),
+        _ev(4, 11.0, "request.dispatched", request_id="r", worker_id="w1"),
+        _ev(5, 11.2, "request.first_token", request_id="r", worker_id="w1"),
+        _ev(6, 11.3, "request.finished", request_id="r", prompt_tokens=4, cached_tokens=0,
+            output_tokens=2, reason="stop"),
+        _ev(7, 11.5, "control.decision", by="operator", ok=False, reason="no such instance",
+            decision_kind="Migrate"),
+        _ev(8, 11.6, "future.migrated", run_id="run", id="f1", source="A#0",
+            destination="A#1"),
+    ]
+    [lane] = layout(events).lanes
+    [request] = [s for s in build_spans(events) if s.kind == "request"]
+    assert [s.kind for s in lane.spans] == [seg.kind for seg in request.segments] == [
+        "queue", "prefill", "queue", "prefill", "decode"]
+    decode = lane.spans[-1]
+    assert "r on w1: decode 100 ms, TTFT 1.20 s" in decode.title
+    assert "SLO missed on ttft (task chat: TTFT \u2264 500 ms, TPOT \u2264 50 ms)" in decode.title
+    decision, moved = lane.markers
+    assert decision.title == "control decision Migrate by operator: refused: no such instance"
+    assert moved.kind == "migrate" and moved.title == "call f1 moved A#0 -> A#1"
 
 
 def test_timeline_zoom_widens_the_plot_and_its_ticks() -> None:
@@ -126,21 +158,25 @@ def test_side_by_side_pairs_changed_lines() -> None:
         ("change", "x", "z"), ("del", "-- y", "")]
 
 
-METRICS = f"""# HELP vllm:generation_tokens Generated tokens
+METRICS = """# HELP vllm:generation_tokens Generated tokens
 # TYPE vllm:generation_tokens counter
 vllm:generation_tokens 100
-vllm:time_to_first_token_seconds_bucket{{le="0.5"}} 3
-vllm:time_to_first_token_seconds_bucket{{le="{GOODPUT_TTFT_S}"}} 4
+vllm:time_to_first_token_seconds_bucket{le="0.5"} 3
+vllm:time_to_first_token_seconds_bucket{le="1.0"} 5
 vllm:e2e_request_latency_seconds_count 5
-vllm:kv_cache_usage_perc{{worker="w\\"0",engine="sim"}} 0.5
+vllm:kv_cache_usage_perc{worker="w\\"0",engine="sim"} 0.5
 """
 
 
 def test_metrics_parse_and_rates() -> None:
     samples = parse_metrics(METRICS)
     assert ("vllm:kv_cache_usage_perc", {"worker": 'w\\"0', "engine": "sim"}, 0.5) in samples
+    window = {"seconds": 60.0, "completions": 5, "goodput_rps": 0.0667,
+              "slo_attainment": 0.8}
     s = sample_of(10.0, METRICS, [{"kv_used": 50, "kv_capacity": 200},
-                                  {"kv_used": 0, "kv_capacity": 200}])
+                                  {"kv_used": 0, "kv_capacity": 200}],
+                  {"counters": {"completed": 5, "met": 4}, "window": window})
+    # goodput is the daemon's count of requests within their task's SLOs, not a TTFT bucket
     assert (s.generated_tokens, s.finished_requests, s.good_requests) == (100, 5, 4)
     assert s.kv_used / s.kv_capacity == 0.125
     h = History()
@@ -152,8 +188,16 @@ def test_metrics_parse_and_rates() -> None:
     assert charts["throughput"]["last"] == "0 tokens/s" and charts["throughput"]["n"] == 2
     assert charts["throughput"]["top"] == "110 tokens/s"  # 100 tokens/s, +10% headroom
     assert charts["goodput"]["n"] == 2 and charts["requests"]["n"] == 2
+    assert charts["goodput"]["last"] == "0 req/s"  # the last sample has no daemon window
+    h.add(Sample(15.0, 0, 0, 2, 0, 400, window))
+    assert charts_of(h, 15.0)["goodput"]["last"] == (
+        "2 req/s (0.0667 req/s, 80% met their SLOs over the last 60 s)")
     assert charts["kv"]["last"] == "0 %" and charts["kv"]["n"] == 3
     assert charts["kv"]["since"] == "\u221260 s"  # a young history fills a 1-minute chart
     points = [tuple(map(float, p.split(","))) for p in charts["kv"]["points"].split()]
     assert points[-1][0] == 300.0 and points[1][1] == pytest.approx(80 * 0.75)
     assert History().charts(now=1.0)[0]["last"] == "no data yet"
+
+
+def charts_of(h: History, now: float) -> dict[str, dict[str, object]]:
+    return {c["key"]: c for c in h.charts(now=now)}

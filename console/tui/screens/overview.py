@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Sparkline, Static
 
-from console.render import PROGRAM_STATUSES, seconds
+from console.render import PROGRAM_STATUSES
 from console.tui.alerts import Alert
 from console.tui.data import Snapshot
 from console.tui.rates import Rates
@@ -41,9 +42,19 @@ def rate_titles(rates: Rates) -> tuple[str, str]:
     tput = rates.throughput[-1] if rates.throughput else 0.0
     good = rates.goodput[-1] if rates.goodput else 0.0
     peak = max(rates.throughput, default=0.0)
-    slo = f"TTFT ≤ {seconds(rates.bucket)}" if rates.bucket is not None else "no TTFT bucket"
     return (f"throughput {tput:,.0f} generated tok/s (peak {peak:,.0f})",
-            f"goodput {good:,.2f} req/s within SLO ({slo})")
+            f"goodput {good:,.2f} req/s met their SLOs ({window_text(rates.window)})")
+
+
+def window_text(window: dict[str, Any]) -> str:
+    """The daemon's long-window goodput and attainment, in a few words."""
+    if "seconds" not in window:
+        return "no SLO window reported"
+    span = f"{window['seconds']:.0f}s"
+    if not window.get("completions"):
+        return f"none finished in {span}"
+    return (f"{span}: {window.get('goodput_rps', 0.0):.2f}/s, "
+            f"{window.get('slo_attainment', 0.0):.0%} met")
 
 
 def alerts_text(alerts: list[Alert]) -> Text:

@@ -17,10 +17,11 @@ from textual.message import Message
 from textual.widgets import Static
 
 from console.client import ClientError
+from console.trace_spans import build_spans
 from console.tui.data import Snapshot, fetch_trace
 from console.tui.messages import TraceLoaded
 from console.tui.screens.base import DaemonView
-from console.tui.timeline import GLYPHS, LEGEND, STYLES, build_spans, describe
+from console.tui.timeline import GLYPHS, LEGEND, STYLES, describe
 from console.tui.widgets.trace_timeline import TraceTimeline
 
 

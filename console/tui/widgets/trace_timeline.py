@@ -11,8 +11,9 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from console.render import seconds
+from console.trace_spans import Span, bounds
 from console.tui.data import Clock
-from console.tui.timeline import GLYPHS, STYLES, Span, bounds, cells
+from console.tui.timeline import GLYPHS, STYLES, cells, row_label
 
 LABEL_WIDTH = 26
 
@@ -82,7 +83,7 @@ class TraceTimeline(Widget, can_focus=True):
 
     @staticmethod
     def _line(span: Span, t0: float, t1: float, width: int, now: float, chosen: bool) -> Text:
-        label = f"{'▶' if chosen else ' '}{span.label}"[:LABEL_WIDTH]
+        label = f"{'▶' if chosen else ' '}{row_label(span)}"[:LABEL_WIDTH]
         line = Text()
         line.append(f"{label:<{LABEL_WIDTH}}", style="reverse" if chosen else "")
         bar = [(" ", "")] * width
