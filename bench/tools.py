@@ -15,10 +15,13 @@ the public API.
     request waits while the blocker generates. Their first tool call (an environment whose
     setup sleeps SETUP_S) follows as soon as the request returns. "declared" waiters
     declared the tool up front (prepared while they wait); "cold" ones did not.
+(c) partial hiding: the hidden share of setup as the queue wait grows from 0 to past
+    the setup time (bench/tools_sweep.py).
 
-Run: python -m bench.tools [--programs N] [--rounds R]
-Writes bench/results/tools.json and tools.png. Needs a Docker engine (DOCKER_HOST, or
-`scripts/start-dockerd.sh` as root); builds the busybox image if missing.
+Run: python -m bench.tools [--programs N] [--rounds R] [--waits 0,0.5,1,2,4] [--parts ...]
+Writes bench/results/tools.json and tools.png (tools_PARTS.* for a subset of the parts).
+Needs a Docker engine (DOCKER_HOST, or `scripts/start-dockerd.sh` as root); builds the
+busybox image if missing.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any
 
 import httpx
 
+from bench import tools_sweep
 from bench.common import RESULTS, log, save
 from tests.daemon_process import DaemonProcess
 
@@ -45,6 +49,7 @@ WRITE_MB = 4
 SETUP_S = 2.0
 WAITERS = 3
 SAMPLE_S = 2.0
+PARTS = ("gc", "prepare", "sweep")
 CONFIG = f"""
 [tools.box]
 image = "{IMAGE}"
@@ -269,25 +274,39 @@ def ensure_image() -> None:
                          f"`eval $(scripts/start-dockerd.sh)`): {proc.stderr.strip()[-300:]}")
 
 
-async def run(tmp: Path, programs: int, concurrency: int, rounds: int) -> dict[str, Any]:
+async def run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if "gc" in args.parts:
+        out["gc"] = await run_gc(tmp, args.programs, args.concurrency)
+    kv = {"AGENTD_SIM_KV_TOKENS": "4096", "AGENTD_KV_POLICY": "thunderagent"}
+    d = start_daemon(tmp, "prepare", kv)
+    try:
+        api = Api(d)
+        if "prepare" in args.parts:
+            log(f"(b) {args.rounds} rounds x {WAITERS} waiters per mode, setup {SETUP_S:g} s")
+            out["prepare_rows"] = await bench_prepare(api, args.rounds)
+            out["prepare"] = summarize_prepare(out["prepare_rows"])
+        if "sweep" in args.parts:
+            log(f"(c) queue waits {args.waits} s x {args.sweep_reps}, setup {SETUP_S:g} s")
+            out["sweep_rows"] = await tools_sweep.run_sweep(api, "slowenv", args.waits,
+                                                            args.sweep_reps)
+            out["sweep"] = tools_sweep.summarize(out["sweep_rows"])
+    finally:
+        d.stop()
+    return out
+
+
+async def run_gc(tmp: Path, programs: int, concurrency: int) -> dict[str, Any]:
     fast = {"AGENTD_SIM_TIME_SCALE": "0"}
     daemons = {arm: start_daemon(tmp, arm, fast) for arm in ("gc", "no-gc")}
     try:
         apis = {arm: Api(d) for arm, d in daemons.items()}
         log(f"(a) {programs} programs per arm, {concurrency} at a time per arm, "
             f"{WRITE_MB} MB each")
-        gc = await bench_gc(apis, programs, concurrency)
+        return await bench_gc(apis, programs, concurrency)
     finally:
         for d in daemons.values():
             d.stop()
-    kv = {"AGENTD_SIM_KV_TOKENS": "4096", "AGENTD_KV_POLICY": "thunderagent"}
-    d = start_daemon(tmp, "prepare", kv)
-    try:
-        log(f"(b) {rounds} rounds x {WAITERS} waiters per mode, setup {SETUP_S:g} s")
-        prepare = await bench_prepare(Api(d), rounds)
-    finally:
-        d.stop()
-    return {"gc": gc, "prepare_rows": prepare, "prepare": summarize_prepare(prepare)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -295,27 +314,61 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--programs", type=int, default=200)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--waits", type=_floats, default=[0.0, 0.5, 1.0, 2.0, 4.0],
+                    help="queue waits of the partial-hiding sweep, seconds")
+    ap.add_argument("--sweep-reps", type=int, default=2)
+    ap.add_argument("--parts", type=_parts, default=list(PARTS),
+                    help="comma-separated subset of gc,prepare,sweep")
     args = ap.parse_args(argv)
     ensure_image()
     with tempfile.TemporaryDirectory(prefix="agentd-bench-tools-") as tmp:
-        out = asyncio.run(run(Path(tmp), args.programs, args.concurrency, args.rounds))
+        out = asyncio.run(run(Path(tmp), args))
     params = {"programs": args.programs, "concurrency_per_arm": args.concurrency,
               "write_mb": WRITE_MB, "setup_s": SETUP_S, "waiters": WAITERS,
-              "rounds": args.rounds, "engine": "sim worker; real Docker engine, busybox image"}
-    path = save("tools", params, [out])
-    plot(out, RESULTS / "tools.png")
+              "rounds": args.rounds, "waits": args.waits, "sweep_reps": args.sweep_reps,
+              "parts": args.parts, "engine": "sim worker; real Docker engine, busybox image"}
     report(out)
-    log(f"wrote {path} and {RESULTS / 'tools.png'}")
+    # A partial run goes to files of its own, so it never replaces the full results.
+    name = "tools" if args.parts == list(PARTS) else "tools_" + "_".join(args.parts)
+    path = save(name, params, [out])
+    plot(out, RESULTS / f"{name}.png")
+    log(f"wrote {path} and {RESULTS / f'{name}.png'}")
     return 0
 
 
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
+
+
+def _parts(text: str) -> list[str]:
+    parts = text.split(",")
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown parts {sorted(unknown)}; known: {PARTS}")
+    return [p for p in PARTS if p in parts]
+
+
 def report(out: dict[str, Any]) -> None:
-    gc, prep = out["gc"], out["prepare"]
+    if "gc" in out:
+        report_gc(out["gc"])
+    if "prepare" in out:
+        report_prepare(out["prepare"])
+    if "sweep" in out:
+        tools_sweep.report(out["sweep"])
+
+
+def report_gc(gc: dict[str, Any]) -> None:
     for arm, row in gc["after_run"].items():
         log(f"{arm:>5}: peak {gc['peak'][arm]} containers; after the run "
             f"{row['containers']} containers, {row['disk_mb']:.1f} MB")
     log(f"gc empty {gc['gc_empty_after_s']:.1f}s after the run; no-gc release-all to empty "
         f"{gc['nogc_release_all_to_empty_s']:.1f}s")
+
+
+def report_prepare(prep: dict[str, Any]) -> None:
     for mode in ("cold", "declared"):
         m = prep[mode]
         log(f"{mode:>8}: first tool call {m['first_tool_call_s']:.2f}s, waited "
@@ -331,31 +384,43 @@ def plot(out: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for arm in ("gc", "no-gc"):
-        rows = [r for r in out["gc"]["timeline"] if r["arm"] == arm]
-        axes[0].plot([r["t_s"] for r in rows], [r["containers"] for r in rows], "o-",
-                     ms=3, label=arm)
-        axes[1].plot([r["t_s"] for r in rows], [r["disk_mb"] for r in rows], "o-",
-                     ms=3, label=arm)
-    for ax in axes[:2]:
-        ax.axvline(out["gc"]["nogc_released_at_s"], color="grey", ls=":",
-                   label="no-gc programs released")
-    axes[0].set(title="containers held", xlabel="s", ylabel="containers")
-    axes[1].set(title="disk held (engine df)", xlabel="s", ylabel="MB")
-    for ax in axes[:2]:
-        ax.legend()
-    prep = out["prepare"]
-    modes = ["cold", "declared"]
-    axes[2].bar(modes, [prep[m]["first_tool_call_s"] for m in modes], label="first tool call")
-    axes[2].axhline(prep["cold"]["prepare_s"], color="red", ls="--", label="full prepare")
-    axes[2].set(title=f"time to first tool call ({100 * prep['hidden_fraction']:.0f}% "
-                f"of setup hidden)", ylabel="s")
-    axes[2].legend()
+    panels = 2 * ("gc" in out) + ("prepare" in out) + ("sweep" in out)
+    fig, axes = plt.subplots(1, panels, figsize=(4.8 * panels, 4), squeeze=False)
+    left = list(axes[0])
+    if "gc" in out:
+        plot_gc(left.pop(0), left.pop(0), out["gc"])
+    if "prepare" in out:
+        plot_prepare(left.pop(0), out["prepare"])
+    if "sweep" in out:
+        tools_sweep.plot(left.pop(0), out["sweep_rows"], out["sweep"])
     fig.suptitle("agentd tools: real Docker engine, sim workers")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_gc(containers: Any, disk: Any, gc: dict[str, Any]) -> None:
+    for arm in ("gc", "no-gc"):
+        rows = [r for r in gc["timeline"] if r["arm"] == arm]
+        containers.plot([r["t_s"] for r in rows], [r["containers"] for r in rows], "o-",
+                        ms=3, label=arm)
+        disk.plot([r["t_s"] for r in rows], [r["disk_mb"] for r in rows], "o-",
+                  ms=3, label=arm)
+    for ax in (containers, disk):
+        ax.axvline(gc["nogc_released_at_s"], color="grey", ls=":",
+                   label="no-gc programs released")
+        ax.legend()
+    containers.set(title="containers held", xlabel="s", ylabel="containers")
+    disk.set(title="disk held (engine df)", xlabel="s", ylabel="MB")
+
+
+def plot_prepare(ax: Any, prep: dict[str, Any]) -> None:
+    modes = ["cold", "declared"]
+    ax.bar(modes, [prep[m]["first_tool_call_s"] for m in modes], label="first tool call")
+    ax.axhline(prep["cold"]["prepare_s"], color="red", ls="--", label="full prepare")
+    ax.set(title=f"time to first tool call ({100 * prep['hidden_fraction']:.0f}% "
+           f"of setup hidden)", ylabel="s")
+    ax.legend()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@ The policy is pure: it reads a `KvView` built here and returns decisions. This
 module builds the view from the core's programs and workers, applies decisions
 (status changes, dispatching a restored program's pending request, aborting a
 request an operator moved with now=true) and records each one in the trace.
+
+Tools agentd runs for a program (see daemon/tool_clock.py) feed the view: while one
+runs the program is ACTING from the tool's start, and measured tool durations replace
+request gaps as its tool-time history.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from daemon.state import ProgramState, ProgramStatus
+from daemon.tool_clock import ToolClock, ToolClocks
 from scheduling.kv import (
     Admit,
     Decision,
@@ -44,7 +49,8 @@ class KvControl:
         self.core = core
         self.policy: KvPolicy = make_kv_policy(policy_name)
         self.config = config or KvConfig()
-        self._views = ProgramViews()
+        self.tools = ToolClocks()
+        self._views = ProgramViews(self.tools)
 
     # --- the view ---------------------------------------------------------------
 
@@ -71,6 +77,16 @@ class KvControl:
     def tick(self) -> None:
         self.apply(self.policy.decide(self.view(), time.time()))
         self._views.forget_gone(self.core.programs)
+        self.tools.forget_except(self.core.programs)
+
+    def tool_started(self, program_id: str, now: float) -> None:
+        """agentd started running a tool for the program (a call waiting for its
+        environment counts: the program is away from the GPU either way)."""
+        self.tools.started(program_id, now)
+
+    def tool_ended(self, program_id: str, now: float) -> float | None:
+        """Returns the measured span when no other tool of the program still runs."""
+        return self.tools.ended(program_id, now)
 
     def request_ended(self, program: ProgramState) -> None:
         if program.held and program.worker_id is not None:
@@ -145,8 +161,9 @@ class ProgramViews:
     reads, so a cached view always equals a fresh one.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tools: ToolClocks | None = None) -> None:
         self._cache: dict[str, tuple[tuple[object, ...], ProgramView]] = {}
+        self._tools = tools or ToolClocks()
 
     def build(self, programs: Iterable[ProgramState]) -> tuple[ProgramView, ...]:
         out = []
@@ -154,12 +171,14 @@ class ProgramViews:
         for p in programs:
             if p.held or p.status not in _TO_KV:
                 continue
+            clock = self._tools.get(p.id)
             key = (p.status, p.context_tokens, p.worker_id, p.acting_since, p.ready_since,
                    p.ready_request is not None, p.pinned, p.pause_marked, p.tool_time_sum,
-                   p.tool_time_count, p.migrate_to, p.created_at)
+                   p.tool_time_count, p.migrate_to, p.created_at,
+                   clock.key() if clock else None)
             hit = cache.get(p.id)
             if hit is None or hit[0] != key:
-                hit = cache[p.id] = (key, _program_view(p))
+                hit = cache[p.id] = (key, _program_view(p, clock))
             out.append(hit[1])
         return tuple(out)
 
@@ -168,11 +187,26 @@ class ProgramViews:
             del self._cache[pid]
 
 
-def _program_view(p: ProgramState) -> ProgramView:
+def _program_view(p: ProgramState, clock: ToolClock | None = None) -> ProgramView:
+    acting_since, ended_at = _acting(p, clock)
+    measured = clock.mean_s if clock else None
     return ProgramView(
         program_id=p.id, status=_TO_KV[p.status], context_tokens=p.context_tokens,
-        created_at=p.created_at, worker_id=p.worker_id, acting_since=p.acting_since,
+        created_at=p.created_at, worker_id=p.worker_id, acting_since=acting_since,
         ready_since=p.ready_since, pending_request=p.ready_request is not None,
-        pinned=p.pinned, pause_marked=p.pause_marked, tool_time_mean_s=p.tool_time_mean_s,
-        migrate_to=p.migrate_to,
+        pinned=p.pinned, pause_marked=p.pause_marked,
+        tool_time_mean_s=p.tool_time_mean_s if measured is None else measured,
+        migrate_to=p.migrate_to, tool_running=bool(clock and clock.running),
+        tool_last_s=clock.last_s if clock else None, tool_ended_at=ended_at,
     )
+
+
+def _acting(p: ProgramState, clock: ToolClock | None) -> tuple[float | None, float | None]:
+    """(acting_since, tool_ended_at): a tool agentd started since the last request ended
+    moves the acting clock to the tool's start (the gap before it was the client's, not
+    the tool's); its end, once it ended, says the next request is due."""
+    if clock is None or clock.started_at is None or p.acting_since is None:
+        return p.acting_since, None
+    if clock.started_at < p.acting_since:
+        return p.acting_since, None
+    return clock.started_at, None if clock.running else clock.ended_at

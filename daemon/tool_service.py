@@ -1,12 +1,16 @@
 """Tool environments owned by programs, wired into the daemon.
 
 Programs acquire environments on first use or declare them up front (configured tool
-names, or spec objects sent with the request). A declared environment starts
-preparing when its program is admitted or comes within `PREPARE_AHEAD` places of the
-head of the global waiting queue (in the KV policy's restore order), so setup overlaps
-the wait and the program's first tool call waits only for what is left. When a program
-ends, everything it holds is removed. At start, and every sweep interval, the daemon
-reclaims resources labelled with its id whose program is not live.
+names, their workflow bundle's tool names, or spec objects sent with the request). A
+declared environment starts preparing when its program is admitted or comes within
+`PREPARE_AHEAD` places of the head of the global waiting queue (in the KV policy's restore
+order), so setup overlaps the wait and the program's first tool call waits only for what
+is left. When a program ends, everything it holds is removed. At start, and every sweep
+interval, the daemon reclaims resources labelled with its id whose program is not live.
+
+Every tool call's start and end also go to the KV layer (`core.kv.tool_started` /
+`tool_ended`): a program whose tool agentd runs is ACTING from the tool's start, and
+its measured tool time is what the KV policy predicts from.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from tools import (
     ToolSpec,
     merge_spec,
     parse_spec,
+    parse_table,
 )
 
 log = logging.getLogger("agentd.tools")
@@ -62,8 +67,7 @@ def daemon_id(data_dir: Path) -> str:
 
 def catalog(cfg: Config) -> dict[str, ToolSpec]:
     """The configured tools; `config.validate` already refused any that do not parse."""
-    return {name: parse_spec({"name": name, **raw}, trusted=True)
-            for name, raw in cfg.tools.items()}
+    return {name: parse_table(name, raw, trusted=True) for name, raw in cfg.tools.items()}
 
 
 def queue_head(programs: Iterable[ProgramView], n: int) -> set[str]:
@@ -93,6 +97,8 @@ class ToolService:
         )
         self._tasks: set[asyncio.Task[Any]] = set()
         self._declared: dict[str, _Declared] = {}
+        # Tools of a run's workflow bundle, by the run's program id (see bundle_tools.py).
+        self._bundles: dict[str, dict[str, ToolSpec]] = {}
         self._scan_soon = False
         self._usage: dict[str, Any] | None = None
         self._usage_at: float | None = None
@@ -116,23 +122,44 @@ class ToolService:
 
     # -- specs: configured, declared, per request ----------------------------------------
 
-    def check_declarations(self, items: Sequence[Declaration]) -> list[ToolSpec]:
+    def bind_bundle(self, program_id: str, specs: Mapping[str, ToolSpec]) -> None:
+        """Make a bundle's tools visible to a run's program and its per-agent programs,
+        until the run's program ends."""
+        if specs:
+            self._bundles[program_id] = dict(specs)
+
+    def scope(self, program_id: str) -> Mapping[str, ToolSpec]:
+        """The bundle tools a program sees: its run's (per-agent programs are
+        `<run program>.<agent>.<i>`)."""
+        found = self._bundles.get(program_id)
+        if found is None and "." in program_id:
+            found = self._bundles.get(program_id.split(".", 1)[0])
+        return found or {}
+
+    def named(self, program_id: str, tool: str) -> ToolSpec | None:
+        """A tool by name as the program sees it: its bundle's, else the configured one
+        (bundle_tools.py keeps the two sets of names apart)."""
+        return self.scope(program_id).get(tool) or self.manager.configured(tool)
+
+    def check_declarations(self, items: Sequence[Declaration],
+                           scope: Mapping[str, ToolSpec] | None = None) -> list[ToolSpec]:
         """Specs of a declaration list (tool names and/or spec objects), all or nothing;
-        the error names the entry."""
+        the error names the entry. `scope`: bundle tools the names may also refer to."""
         specs = []
         for index, item in enumerate(items):
             try:
-                specs.append(self._declared_spec(item))
+                specs.append(self._declared_spec(item, scope or {}))
             except ToolError as exc:
                 raise ToolError(exc.reason, f"tools[{index}]: {exc.message}",
                                 tool=exc.tool) from exc
         return specs
 
-    def _declared_spec(self, item: Declaration) -> ToolSpec:
+    def _declared_spec(self, item: Declaration, scope: Mapping[str, ToolSpec]) -> ToolSpec:
         if isinstance(item, str):
-            return self.manager.spec_for(item)
+            return scope.get(item) or self.manager.spec_for(item)
         name = item.get("name")
-        base = self.manager.configured(name) if isinstance(name, str) else None
+        base = (scope.get(name) or self.manager.configured(name)
+                if isinstance(name, str) else None)
         return merge_spec(base, item) if base else parse_spec(item)
 
     def resolve(
@@ -142,7 +169,7 @@ class ToolService:
         `overrides`; without either, a per-request spec is `overrides` itself. None leaves
         it to the manager (what the program used before)."""
         declared = self._declared.get(program_id)
-        base = (declared.specs.get(tool) if declared else None) or self.manager.configured(tool)
+        base = (declared.specs.get(tool) if declared else None) or self.named(program_id, tool)
         if not overrides:
             return base
         if base is None:
@@ -154,7 +181,7 @@ class ToolService:
     def declare(self, program: ProgramState, items: Sequence[Declaration]) -> list[str]:
         """Tools the program will use, prepared ahead of its first call. Declaring a tool
         again replaces its spec only while its preparation has not started."""
-        specs = self.check_declarations(items)
+        specs = self.check_declarations(items, self.scope(program.id))
         declared = self._declared.setdefault(program.id, _Declared())
         for spec in specs:
             if spec.name not in declared.started:
@@ -212,6 +239,7 @@ class ToolService:
 
     def _program_ended(self, program: ProgramState) -> None:
         self._declared.pop(program.id, None)
+        self._bundles.pop(program.id, None)
         # Most programs never touch a tool; asking every backend about them would cost a
         # Docker round trip per request. Leftovers of earlier runs go in the sweep.
         if self.manager.holds(program.id):
@@ -238,6 +266,23 @@ class ToolService:
             await self._reconcile("sweep")
 
     # -- observing -------------------------------------------------------------------------
+
+    def program_tools(self, program_id: str) -> dict[str, Any]:
+        """What a program declared, the bundle tools it sees, and its tool timing as the
+        KV layer sees it (None when the KV layer does not hold it: ended, or held)."""
+        declared = self._declared.get(program_id) or _Declared()
+        return {"program_id": program_id, "declared": sorted(declared.specs),
+                "preparing": sorted(declared.started),
+                "bundle_tools": sorted(self.scope(program_id)), "kv": self._kv_timing(program_id)}
+
+    def _kv_timing(self, program_id: str) -> dict[str, Any] | None:
+        try:
+            view = self.core.kv.view().program(program_id)
+        except KeyError:
+            return None
+        return {"status": view.status.value, "acting_since": view.acting_since,
+                "tool_running": view.tool_running, "tool_last_s": view.tool_last_s,
+                "tool_ended_at": view.tool_ended_at, "tool_time_mean_s": view.tool_time_mean_s}
 
     def _collect(self, out: Exposition) -> None:
         """`agentd_tool_*` on /metrics. What the engines hold comes from a `df`, which walks
@@ -269,6 +314,13 @@ class ToolService:
     def _on_event(self, event: dict[str, Any]) -> None:
         fields = {k: v for k, v in event.items() if k not in ("kind", "at")}
         pid = fields.pop("program_id", None)
+        if pid and event["kind"] in ("tool.exec.start", "tool.exec.end"):
+            # `at` is the time the KV layer got, so a trace shows exactly what it weighed.
+            fields["at"] = event["at"]
+            if event["kind"] == "tool.exec.start":
+                self.core.kv.tool_started(pid, event["at"])
+            else:
+                self.core.kv.tool_ended(pid, event["at"])
         program = self.core.programs.get(pid) if pid else None
         if pid and program is None:
             # Reclaiming for a program this run never loaded (an orphan found at start or by

@@ -7,7 +7,7 @@ from tools.errors import Reason, ToolError
 from tools.gc import reconcile
 from tools.manager import ToolManager
 from tools.process_backend import ProcessBackend
-from tools.spec import SpecError, ToolSpec, merge_spec, parse_spec
+from tools.spec import SpecError, ToolSpec, merge_spec, parse_spec, parse_table
 
 __all__ = [
     "DockerBackend",
@@ -22,5 +22,6 @@ __all__ = [
     "ToolSpec",
     "merge_spec",
     "parse_spec",
+    "parse_table",
     "reconcile",
 ]

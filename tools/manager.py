@@ -80,6 +80,10 @@ class ToolManager:
     def configured(self, tool: str) -> ToolSpec | None:
         return self._catalog.get(tool)
 
+    @property
+    def configured_names(self) -> frozenset[str]:
+        return frozenset(self._catalog)
+
     def spec_for(self, tool: str) -> ToolSpec:
         """The configured spec of a tool."""
         if tool not in self._catalog:
@@ -256,6 +260,12 @@ class ToolManager:
             )
             if exc.reason is Reason.DEAD:
                 await self._drop_dead(program_id, tool)
+            raise
+        except asyncio.CancelledError:
+            # The caller went away (a client disconnect): every start still gets its end,
+            # or whoever tracks running tools would think this one runs forever.
+            gc.emit(self._on_event, "tool.exec.end", **base, ok=False, reason="cancelled",
+                    exit_code=None, duration_s=time.monotonic() - start)
             raise
         self.counters.execs[str(result.reason)] += 1
         self.counters.exec_seconds.observe(result.duration_s)

@@ -7,6 +7,7 @@ from untrusted data; it turns every problem into a `SpecError` that names the fi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -84,9 +85,25 @@ def _check_process(spec: ToolSpec) -> None:
         raise ValueError("network 'bridge' is not supported by the process backend")
 
 
+_PATH = re.compile(r"at `\$\.([^`]+)`|unknown field `([^`]+)`")
+
+
 class SpecError(ToolError):
-    def __init__(self, message: str, *, tool: str = "") -> None:
+    """`field` is the spec field at fault when known ("memory_mb", "mounts[0].target"), so
+    an API can point at it inside whatever holds the spec (a manifest, a config table)."""
+
+    def __init__(self, message: str, *, tool: str = "", field: str | None = None) -> None:
         super().__init__(Reason.BAD_SPEC, message, tool=tool)
+        self.field = field
+
+
+def _field_of(message: str) -> str | None:
+    found = _PATH.search(message)
+    if found:
+        return found.group(1) or found.group(2)
+    # Our own checks start with the field's name ("image is required ...").
+    first = message.split(" ", 1)[0].split(".", 1)[0]
+    return first if first in ToolSpec.__struct_fields__ else None
 
 
 def parse_spec(data: Mapping[str, Any], *, trusted: bool = False) -> ToolSpec:
@@ -95,17 +112,31 @@ def parse_spec(data: Mapping[str, Any], *, trusted: bool = False) -> ToolSpec:
     try:
         spec = msgspec.convert(dict(data), ToolSpec)
     except msgspec.ValidationError as exc:
-        raise SpecError(f"invalid tool spec: {exc}", tool=str(data.get("name", ""))) from exc
+        raise SpecError(f"invalid tool spec: {exc}", tool=str(data.get("name", "")),
+                        field=_field_of(str(exc))) from exc
     if not trusted:
         _check_untrusted(spec.name, spec.mounts, spec.network)
     return spec
 
 
+def parse_table(name: str, table: Any, *, trusted: bool = False) -> ToolSpec:
+    """A `[tools.NAME]` table: the form of config files and bundle manifests, where the
+    name is the key and the table holds the rest."""
+    if not isinstance(table, Mapping):
+        raise SpecError(f"tool {name!r} must be a table of spec fields", tool=name)
+    if table.get("name", name) != name:
+        raise SpecError(f"name: {table['name']!r} differs from the table's key", tool=name,
+                        field="name")
+    return parse_spec({**table, "name": name}, trusted=trusted)
+
+
 def _check_untrusted(name: str, mounts: Any, network: Any) -> None:
     if any((m.type if isinstance(m, Mount) else m.get("type")) == "bind" for m in mounts):
-        raise SpecError("mounts: bind mounts are allowed only in operator config", tool=name)
+        raise SpecError("mounts: bind mounts are allowed only in operator config", tool=name,
+                        field="mounts")
     if network == "host":
-        raise SpecError("network: 'host' is allowed only in operator config", tool=name)
+        raise SpecError("network: 'host' is allowed only in operator config", tool=name,
+                        field="network")
 
 
 def merge_spec(base: ToolSpec, overrides: Mapping[str, Any]) -> ToolSpec:
@@ -116,5 +147,5 @@ def merge_spec(base: ToolSpec, overrides: Mapping[str, Any]) -> ToolSpec:
     mounts = [m for m in raw if isinstance(m, Mapping)] if isinstance(raw, list | tuple) else []
     _check_untrusted(base.name, mounts, overrides.get("network"))
     if overrides.get("name", base.name) != base.name:
-        raise SpecError("name: overrides cannot rename a tool", tool=base.name)
+        raise SpecError("name: overrides cannot rename a tool", tool=base.name, field="name")
     return parse_spec(msgspec.to_builtins(base) | dict(overrides), trusted=True)

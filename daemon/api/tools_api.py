@@ -1,4 +1,5 @@
-"""Tool environments over REST: exec in a program's tool, declare, list, gc."""
+"""Tool environments over REST: exec in a program's tool, declare, a program's tools and
+their KV timing, list, gc."""
 
 from __future__ import annotations
 
@@ -107,6 +108,14 @@ class ToolsController(Controller):
         except ToolError as exc:
             return _tool_error(exc, "tools")
         return Response({"program_id": program.id, "tools": names}, status_code=200)
+
+    @get("/programs/{program_id:str}/tools", opt={"scope": READ},
+         summary="A program's declared and bundle tools, and its tool timing in the KV view")
+    async def program_tools(self, core: Core, tools: ToolService,
+                            program_id: str) -> dict[str, Any]:
+        if program_id not in core.programs and await core.load_program(program_id) is None:
+            raise ApiError(404, f"unknown program '{program_id}'", "not_found")
+        return tools.program_tools(program_id)
 
     @get("/tools", opt={"scope": READ}, summary="Tool containers, volumes and directories")
     async def list_tools(self, tools: ToolService, program_id: str | None = None

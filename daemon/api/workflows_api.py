@@ -27,9 +27,12 @@ from daemon.api.policies_api import MAX_VERSION
 from daemon.api.policies_api import service as policy_service
 from daemon.auth import OPERATOR, READ, SUBMIT, principal_of
 from daemon.policies.registry import PolicyService
+from daemon.runtime import bundle_tools
 from daemon.runtime.bundles import BundleError
 from daemon.runtime.control import ControlLoop, ControlReport
 from daemon.runtime.runs import Run, RunController
+from daemon.tool_service import ToolService
+from tools import ToolError, ToolSpec
 
 STATE_KEY = "agentd.runs"
 CONTROL_KEY = "agentd.control"
@@ -40,6 +43,8 @@ class WorkflowBody(msgspec.Struct, forbid_unknown_fields=True):
     name: str
     files: dict[str, str]
     entry: str
+    # Tool specs by name, as `[tools.NAME]` in config: see daemon/runtime/bundle_tools.py.
+    tools: dict[str, Any] | None = None
 
 
 class RunBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -48,6 +53,8 @@ class RunBody(msgspec.Struct, forbid_unknown_fields=True):
     version: int | None = None
     session_id: str | None = None
     limits: dict[str, Any] | None = None
+    # Tools (the bundle's or configured, by name) the run's program declares up front.
+    tools: list[str] | None = None
 
 
 class EventsBody(msgspec.Struct):
@@ -85,8 +92,31 @@ async def _control_policies(svc: PolicyService) -> list[str]:
     return [p["name"] for p in await svc.list_policies() if p["layer"] == "control"]
 
 
+_BUNDLE_STATUS = {bundle_tools.INSUFFICIENT_SCOPE: 403, bundle_tools.NAME_TAKEN: 409}
+
+
 def _bundle_error(exc: BundleError) -> ApiError:
-    return ApiError(400, str(exc), exc.code, exc.param)
+    return ApiError(_BUNDLE_STATUS.get(exc.code, 400), str(exc), exc.code, exc.param)
+
+
+def _is_operator(request: Request[Any, Any, Any]) -> bool:
+    principal = principal_of(request)
+    return principal is None or OPERATOR in principal.scopes
+
+
+def _run_tools(runs: RunController, tools: ToolService, body: RunBody
+               ) -> tuple[int | None, dict[str, ToolSpec]]:
+    """The version a run will use and its bundle's tool specs, with the run's declared
+    names checked against them, before anything starts."""
+    manifest = runs.bundles.manifest(body.workflow, body.version)
+    if manifest is None:
+        return body.version, {}  # runs.create answers the unknown workflow
+    specs = bundle_tools.bundle_specs(manifest, tools.manager.configured_names)
+    try:
+        tools.check_declarations(body.tools or [], specs)
+    except ToolError as exc:
+        raise ApiError(400, exc.message, "unknown_tool", "tools") from exc
+    return int(manifest["version"]), specs
 
 
 def _run(runs: RunController, run_id: str) -> Run:
@@ -126,11 +156,15 @@ class WorkflowsController(Controller):
 
     @post("/workflows", status_code=201, opt={"scope": SUBMIT},
           summary="Register a new version of a workflow bundle")
-    async def register(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
+    async def register(self, request: Request[Any, Any, Any],
+                       tools: ToolService) -> dict[str, Any]:
         _refuse_run_token(request, runs_of(request), "register workflows")
         body = decode_body(await request.body(), WorkflowBody)
         try:
-            return runs_of(request).bundles.register(body.name, body.files, body.entry)
+            checked = bundle_tools.check_tools(
+                body.tools, configured=tools.manager.configured_names,
+                operator=_is_operator(request))
+            return runs_of(request).bundles.register(body.name, body.files, body.entry, checked)
         except BundleError as exc:
             raise _bundle_error(exc) from exc
 
@@ -140,7 +174,7 @@ class WorkflowsController(Controller):
 
     @post("/runs", status_code=201, opt={"scope": SUBMIT},
           summary="Start a run of a workflow in a sandbox")
-    async def start(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
+    async def start(self, request: Request[Any, Any, Any], tools: ToolService) -> dict[str, Any]:
         _refuse_run_token(request, runs_of(request), "start runs")
         body = decode_body(await request.body(), RunBody)
         if body.session_id is not None and not (0 < len(body.session_id) <= 128
@@ -151,11 +185,17 @@ class WorkflowsController(Controller):
             json.dumps(body.args)
         except (TypeError, ValueError) as exc:
             raise ApiError(400, f"args must be JSON: {exc}", param="args") from exc
+        runs = runs_of(request)
         try:
-            run = await runs_of(request).create(body.workflow, body.version, body.args,
-                                                body.session_id, body.limits)
+            version, specs = _run_tools(runs, tools, body)
+            run = await runs.create(body.workflow, version, body.args, body.session_id,
+                                    body.limits)
         except BundleError as exc:
             raise _bundle_error(exc) from exc
+        # Before the sandbox's first step: its task has not run yet.
+        tools.bind_bundle(run.program_id, specs)
+        if body.tools and run.program_id in runs.core.programs:
+            tools.declare(runs.core.programs[run.program_id], body.tools)
         return run.view()
 
     @get("/runs", opt={"scope": READ}, summary="Runs, newest first")

@@ -1,7 +1,8 @@
 """Workflow bundles: validated, versioned source trees under `<data dir>/workflows/NAME/vN/`.
 
 Each version directory holds the files and `manifest.json` (name, version, entry, files,
-entry signature, sha256, created_at). A version directory appears by one rename of a
+entry signature, sha256, created_at, and `tools` when the bundle declares tool specs:
+see bundle_tools.py). A version directory appears by one rename of a
 fully written temporary directory, so a failed validation or write registers nothing.
 """
 
@@ -146,7 +147,9 @@ class BundleStore:
         self.root = root
         self._lock = threading.Lock()
 
-    def register(self, name: str, files: dict[str, str], entry: str) -> dict[str, Any]:
+    def register(self, name: str, files: dict[str, str], entry: str,
+                 tools: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+        """`tools`: tool specs already checked by `bundle_tools.check_tools`."""
         signature = validate(name, files, entry)
         digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
         with self._lock:
@@ -162,6 +165,8 @@ class BundleStore:
                 manifest = {"name": name, "version": version, "entry": entry,
                             "files": sorted(files), "signature": signature.to_dict(),
                             "sha256": digest, "created_at": time.time()}
+                if tools:
+                    manifest["tools"] = tools
                 (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
                 tmp.rename(wf / f"v{version}")
             except BaseException:

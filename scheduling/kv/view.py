@@ -40,6 +40,13 @@ class ProgramView:
     `ready_since` is when the pending request became ready and started waiting for
     admission: the force-resume clock runs from it, so a program paused while its
     tool runs does not count tool time as waiting time.
+
+    `acting_since` is when its last request ended, or, when agentd itself runs the
+    program's tool, when that tool started. The `tool_*` fields are known only for
+    tools agentd runs: `tool_running` while one runs; `tool_ended_at` once the tool of
+    this acting period ended (its next request is due); `tool_last_s` the last tool's
+    measured duration. `tool_time_mean_s` is the mean of measured tool durations when
+    there are any, else of the gaps between the program's requests.
     """
 
     program_id: str
@@ -57,6 +64,9 @@ class ProgramView:
     prefix_tokens: int = 0  # length of that shared prefix
     kv_resident: bool = False  # a PAUSED program's blocks still cached on worker_id
     migrate_to: str | None = None  # restore_on of its MarkPauseAfterRequest, if any
+    tool_running: bool = False
+    tool_last_s: float | None = None
+    tool_ended_at: float | None = None
 
     @property
     def waited_from(self) -> float:

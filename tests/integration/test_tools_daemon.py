@@ -3,6 +3,7 @@ prepared while the program waits, orphans reclaimed after a crash."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -125,3 +126,39 @@ def test_orphans_reclaimed_after_daemon_crash(daemon_factory, tmp_path: Path) ->
     d.start()
     assert not any(tools_dir.rglob("data"))
     assert not [t for t in d.get("/v1/tools").json()["data"] if t.get("program_id") == "p-orphan"]
+
+
+def test_a_tool_run_through_agentd_drives_the_programs_kv_acting_time(
+        tool_daemon: DaemonProcess) -> None:
+    """The KV view of a program whose tool agentd runs: ACTING from the tool's start (not
+    from when its request ended), known to be in its tool until it ends, then its measured
+    duration is its tool-time history; the next request starts a new acting period."""
+    d = tool_daemon
+    chat(d, "p-kv")
+    time.sleep(0.3)  # the client "thinks" before it calls the tool: not tool time
+    before = d.get("/v1/programs/p-kv/tools").json()["kv"]
+    assert before["status"] == "acting" and not before["tool_running"]
+    assert before["tool_last_s"] is None
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (d.post(
+        "/v1/programs/p-kv/tools/shell/exec", json={"command": "sleep 1"}), done.set()))
+    worker.start()
+    deadline = time.time() + 5
+    while not (running := d.get("/v1/programs/p-kv/tools").json()["kv"])["tool_running"]:
+        assert time.time() < deadline and not done.is_set(), "the running tool never showed"
+        time.sleep(0.05)
+    worker.join(30)
+    after = d.get("/v1/programs/p-kv/tools").json()["kv"]
+    events = d.get("/v1/sessions/p-kv/trace", params={"limit": 1000}).json()["data"]
+    start = next(e["data"]["at"] for e in events if e["kind"] == "tool.exec.start")
+    end = next(e["data"]["at"] for e in events if e["kind"] == "tool.exec.end")
+    assert running["acting_since"] == start > before["acting_since"] + 0.3
+    assert (after["acting_since"], after["tool_ended_at"], after["tool_running"]) == (
+        start, end, False)
+    # The call waited for the 1.5 s setup, then slept 1 s: all of it away from the GPU.
+    assert after["tool_last_s"] == pytest.approx(end - start) and after["tool_last_s"] >= 2.4
+    assert after["tool_time_mean_s"] == after["tool_last_s"]
+    chat(d, "p-kv")
+    again = d.get("/v1/programs/p-kv/tools").json()["kv"]
+    assert again["acting_since"] > end and again["tool_ended_at"] is None
+    assert again["tool_time_mean_s"] == after["tool_last_s"]

@@ -256,3 +256,20 @@ async def test_concurrent_disk_listings(kit: Kit) -> None:
     listings = await asyncio.gather(*(kit.manager.list() for _ in range(6)))
     for rows in listings:
         assert sorted(r["program_id"] for r in rows) == ["p1", "p2", "p3", "p4"], rows
+
+
+async def test_a_call_whose_caller_gives_up_still_ends(kit: Kit) -> None:
+    """A client that disconnects cancels its call; the call still gets its end event, or
+    the KV layer would believe the program's tool runs for ever."""
+    spec = kit.spec()
+    await kit.manager.exec("p1", "sh", "true", spec=spec)
+    call = asyncio.create_task(kit.manager.exec("p1", "sh", "sleep 5"))
+    await asyncio.sleep(0.5)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    starts, ends = kit.kinds("tool.exec.start"), kit.kinds("tool.exec.end")
+    assert len(starts) == len(ends) == 2
+    assert (ends[-1]["reason"], ends[-1]["ok"], ends[-1]["exec_id"]) == (
+        "cancelled", False, starts[-1]["exec_id"])
+    await kit.manager.release_program("p1")

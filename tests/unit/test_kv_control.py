@@ -1,4 +1,5 @@
-"""The daemon's cached program views always equal freshly built ones."""
+"""The daemon's program views: cached ones always equal fresh ones, and tools agentd runs
+move the acting clock and the tool-time history the KV policy weighs."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from hypothesis import strategies as st
 
 from daemon.kv_control import ProgramViews, _program_view
 from daemon.state import ProgramState, ProgramStatus
-from scheduling.kv import ProgramView
+from daemon.tool_clock import ToolClocks
+from scheduling.kv import KvView, ProgramView, WorkerView
+from scheduling.kv.agentd import AgentdPolicy
 
 S = ProgramStatus
 FIELDS = {
@@ -28,8 +31,13 @@ EDITS = st.lists(st.tuples(st.integers(0, 7), st.sampled_from(sorted(FIELDS)), s
                  max_size=40)
 
 
-def fresh(programs: list[ProgramState]) -> tuple[ProgramView, ...]:
-    return tuple(_program_view(p) for p in programs
+TOOL_EDITS = {"tool.start": st.sampled_from([0.5, 2.0, 3.0]),
+              "tool.end": st.sampled_from([2.6, 4.0, 6.0])}
+
+
+def fresh(programs: list[ProgramState], clocks: ToolClocks | None = None
+          ) -> tuple[ProgramView, ...]:
+    return tuple(_program_view(p, clocks.get(p.id) if clocks else None) for p in programs
                  if not p.held and p.status not in (S.STOPPED, S.FAILED))
 
 
@@ -45,6 +53,25 @@ def test_cached_views_equal_fresh_ones_after_any_edits(
         assert views.build(programs) == fresh(programs)
 
 
+@settings(max_examples=80, deadline=None)
+@given(edits=st.lists(st.tuples(st.integers(0, 3),
+                                st.sampled_from(sorted(FIELDS) + sorted(TOOL_EDITS)),
+                                st.data()), max_size=40))
+def test_cached_views_follow_tool_starts_and_ends(
+        edits: list[tuple[int, str, st.DataObject]]) -> None:
+    programs = [ProgramState(f"p{i}", "s", S.ACTING, 0.0, 0.0) for i in range(4)]
+    clocks = ToolClocks()
+    views = ProgramViews(clocks)
+    for index, name, data in edits:
+        if name == "tool.start":
+            clocks.started(programs[index].id, data.draw(TOOL_EDITS[name]))
+        elif name == "tool.end":
+            clocks.ended(programs[index].id, data.draw(TOOL_EDITS[name]))
+        else:
+            setattr(programs[index], name, data.draw(FIELDS[name]))
+        assert views.build(programs) == fresh(programs, clocks)
+
+
 def test_unchanged_programs_reuse_their_view_and_gone_ones_are_forgotten() -> None:
     a = ProgramState("a", "s", S.ACTING, 0.0, 0.0, worker_id="w0", context_tokens=10)
     b = ProgramState("b", "s", S.QUEUED, 0.0, 0.0)
@@ -56,3 +83,65 @@ def test_unchanged_programs_reuse_their_view_and_gone_ones_are_forgotten() -> No
     assert second[0].context_tokens == 20
     views.forget_gone({"a": a})
     assert views.build([a, b])[1] is not first[1]
+
+
+def _acting(acting_since: float, **kw: object) -> ProgramState:
+    return ProgramState("p", "s", S.ACTING, 0.0, 0.0, worker_id="w0", context_tokens=1000,
+                        acting_since=acting_since, **kw)  # type: ignore[arg-type]
+
+
+def test_a_tool_agentd_runs_starts_the_acting_clock_and_its_duration_is_measured() -> None:
+    # The last request ended at 100 and the program had 6 s gaps between requests before.
+    p = _acting(100.0, tool_time_sum=12.0, tool_time_count=2)
+    clocks = ToolClocks()
+    views = ProgramViews(clocks)
+    (before,) = views.build([p])
+    assert (before.acting_since, before.tool_running) == (100.0, False)
+    assert before.tool_time_mean_s == 6.0
+    clocks.started("p", 101.5)
+    (running,) = views.build([p])
+    assert running.acting_since == 101.5 and running.tool_running
+    assert running.tool_ended_at is None and running.tool_last_s is None
+    assert clocks.ended("p", 104.0) == 2.5
+    (done,) = views.build([p])
+    assert (done.acting_since, done.tool_running, done.tool_ended_at) == (101.5, False, 104.0)
+    assert done.tool_last_s == 2.5
+    assert done.tool_time_mean_s == 2.5  # measured durations replace the request gaps
+
+
+def test_overlapping_calls_are_one_span_and_a_new_request_ends_the_acting_period() -> None:
+    p = _acting(10.0)
+    clocks = ToolClocks()
+    clocks.started("p", 11.0)
+    clocks.started("p", 12.0)
+    assert clocks.ended("p", 13.0) is None  # the other call still runs
+    assert _program_view(p, clocks.get("p")).tool_running
+    assert clocks.ended("p", 15.0) == 4.0
+    assert clocks.ended("p", 16.0) is None  # an end without a start changes nothing
+    p.acting_since = 20.0  # the next request ran and ended
+    view = _program_view(p, clocks.get("p"))
+    assert view.acting_since == 20.0 and view.tool_ended_at is None
+    assert view.tool_last_s == 4.0 and view.tool_time_mean_s == 4.0
+
+
+def test_a_tool_started_before_the_request_ended_does_not_move_the_clock_back() -> None:
+    clocks = ToolClocks()
+    clocks.started("p", 5.0)
+    view = _program_view(_acting(10.0), clocks.get("p"))
+    assert view.acting_since == 10.0 and view.tool_running
+
+
+def test_measured_tool_time_is_what_the_agentd_policy_holds_a_program_for() -> None:
+    """The predicted hold runs from the tool's start for the measured tool time: a program
+    whose tools take 3 s keeps full weight 2.5 s into its tool even though its request
+    ended 4 s earlier; with request gaps (0.5 s, client think time) it would be decaying."""
+    clocks = ToolClocks()
+    clocks.started("p", 50.0)
+    clocks.ended("p", 53.0)
+    p = _acting(96.0, tool_time_sum=1.0, tool_time_count=2)
+    clocks.started("p", 97.5)
+    view = KvView((WorkerView("w0", 4096),), (_program_view(p, clocks.get("p")),))
+    policy = AgentdPolicy()
+    assert policy.weight(view.programs[0], view, 100.0) == 1.0
+    gaps_only = KvView(view.workers, (_program_view(p),))
+    assert policy.weight(gaps_only.programs[0], gaps_only, 100.0) < 1.0

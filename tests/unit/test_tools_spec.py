@@ -7,7 +7,7 @@ import pytest
 from tools.base import OutputBuffer, as_argv, result_reason
 from tools.errors import Reason
 from tools.metrics import Histogram
-from tools.spec import SpecError, merge_spec, parse_spec
+from tools.spec import SpecError, merge_spec, parse_spec, parse_table
 
 
 def test_defaults_are_locked_down() -> None:
@@ -33,6 +33,7 @@ def test_errors_name_the_field(data: dict[str, object], field: str) -> None:
     with pytest.raises(SpecError) as err:
         parse_spec(data)
     assert field in str(err.value) and err.value.reason is Reason.BAD_SPEC
+    assert err.value.field is not None and err.value.field.startswith(field)
 
 
 def test_bind_mounts_only_from_trusted_config() -> None:
@@ -83,3 +84,17 @@ def test_requests_cannot_widen_the_sandbox() -> None:
         merge_spec(base, {"name": "other"})
     with pytest.raises(SpecError, match="mounts"):
         merge_spec(base, {"mounts": 5})
+
+
+def test_config_tables_take_the_name_from_their_key() -> None:
+    spec = parse_table("py", {"image": "x", "memory_mb": 64})
+    assert (spec.name, spec.memory_mb) == ("py", 64)
+    assert parse_table("py", {"name": "py", "image": "x"}).name == "py"
+    with pytest.raises(SpecError) as err:
+        parse_table("py", {"name": "other", "image": "x"})
+    assert err.value.field == "name"
+    with pytest.raises(SpecError, match="table"):
+        parse_table("py", ["image", "x"])
+    with pytest.raises(SpecError) as err:
+        parse_table("py", {"image": "x", "mounts": [{"target": "/s", "size_mb": "big"}]})
+    assert err.value.field == "mounts[0].size_mb"

@@ -1,0 +1,185 @@
+"""Tool specs in a workflow bundle's manifest, on a real daemon (sim worker): upload checks,
+the process backend only from operators, names scoped to the bundle's runs and never
+shadowing a configured tool, and a run's program using (and declaring up front, so it is
+prepared while the sandbox starts and reasons) the bundle's tool, with the process backend
+and, when a Docker engine is up, the docker backend."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import docker
+import httpx
+import openai
+import pytest
+
+from tests.daemon_process import DaemonProcess
+from tests.tool_cleanup import remove_daemon_tools
+
+SETUP_S = 1.5
+# The sandbox calls its own program's tool with its run token, as a workflow would.
+MAIN = '''
+import os
+import time
+
+import httpx
+
+
+def main(command: str, tool: str, pause_s: float = 0.0) -> dict:
+    time.sleep(pause_s)  # "reasoning" while the declared environment is prepared
+    url, program = os.environ["AGENTD_DAEMON_URL"], os.environ["AGENTD_PROGRAM_ID"]
+    r = httpx.post(f"{url}/v1/programs/{program}/tools/{tool}/exec",
+                   json={"command": command}, timeout=60,
+                   headers={"Authorization": "Bearer " + os.environ["AGENTD_RUN_TOKEN"]})
+    return {"status": r.status_code, "body": r.json()}
+'''
+FILES = {"main.py": MAIN}
+
+
+@pytest.fixture(scope="module")
+def d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    tmp = tmp_path_factory.mktemp("bundle-tools")
+    cfg = tmp / "agentd.toml"
+    cfg.write_text('[tools.shell]\nbackend = "process"\n')
+    daemon = DaemonProcess(tmp / "data", extra_args=["--config", str(cfg)]).start()
+    yield daemon
+    daemon.stop()
+    with contextlib.suppress(docker.errors.DockerException):  # no engine: nothing to remove
+        remove_daemon_tools(daemon.data_dir)
+
+
+@pytest.fixture(scope="module")
+def submit_token(d: DaemonProcess) -> str:
+    done = d.cli("token", "create", "--scope", "submit", "--name", "bundle-client")
+    assert done.returncode == 0 and re.search(r"created token tok-\w+", done.stderr), done.stderr
+    return done.stdout.strip()
+
+
+def register(d: DaemonProcess, name: str, tools: Any, token: str | None = None
+             ) -> httpx.Response:
+    return d.post("/v1/workflows", token=token,
+                  json={"name": name, "files": FILES, "entry": "main:main", "tools": tools})
+
+
+def names(d: DaemonProcess) -> set[str]:
+    return {w["name"] for w in d.get("/v1/workflows").json()["data"]}
+
+
+def run_to_end(d: DaemonProcess, body: dict[str, Any], timeout: float = 60) -> dict[str, Any]:
+    r = d.post("/v1/runs", json=body)
+    assert r.status_code == 201, r.text
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        view: dict[str, Any] = d.get(f"/v1/runs/{r.json()['id']}").json()
+        if view["status"] in ("finished", "failed", "cancelled"):
+            return view
+        time.sleep(0.1)
+    raise AssertionError(f"run did not end: {view}\n{d.log()}")
+
+
+def trace(d: DaemonProcess, session: str) -> list[dict[str, Any]]:
+    time.sleep(0.3)  # the batched writer commits within ~50 ms
+    return list(d.get(f"/v1/sessions/{session}/trace", params={"limit": 1000}).json()["data"])
+
+
+def test_a_bad_spec_is_refused_naming_the_field_and_registers_nothing(d: DaemonProcess) -> None:
+    r = register(d, "bad-spec", {"box": {"image": "busybox", "memory_mb": "lots"}})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["param"], err["code"]) == ("tools.box.memory_mb", "bad_tool_spec")
+    r = register(d, "bad-spec", {"box": {"image": "busybox", "network": "host"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools.box.network"
+    r = register(d, "bad-spec", ["box"])
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+    assert "bad-spec" not in names(d)
+
+
+def test_the_process_backend_needs_an_operator_to_upload(d: DaemonProcess,
+                                                         submit_token: str) -> None:
+    sh = {"sh": {"backend": "process"}}
+    r = register(d, "host-cmd", sh, token=submit_token)
+    assert r.status_code == 403, r.text
+    assert r.json()["error"]["param"] == "tools.sh.backend"
+    assert "host-cmd" not in names(d)
+    # A container spec is fine from a submit client: it is as untrusted as a request's.
+    box = {"box": {"image": "agentd-busybox", "memory_mb": 64}}
+    r = register(d, "boxed", box, token=submit_token)
+    assert r.status_code == 201, r.text
+    assert r.json()["tools"] == box
+    r = register(d, "host-cmd", sh)  # the operator's token
+    assert r.status_code == 201 and r.json()["tools"] == sh
+
+
+def test_a_bundle_tool_cannot_take_a_configured_name(d: DaemonProcess) -> None:
+    r = register(d, "shadow", {"shell": {"backend": "process", "exec_timeout_s": 1}})
+    assert r.status_code == 409, r.text
+    assert (r.json()["error"]["param"], r.json()["error"]["code"]) == (
+        "tools.shell", "tool_name_taken")
+    assert "shadow" not in names(d)
+
+
+def test_run_declarations_are_checked_before_the_run_starts(d: DaemonProcess) -> None:
+    assert register(d, "decl", {"sh": {"backend": "process"}}).status_code == 201
+    before = len(d.get("/v1/runs").json()["data"])
+    r = d.post("/v1/runs", json={"workflow": "decl", "args": {"command": "true", "tool": "sh"},
+                                 "tools": ["sh", "nope"]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+    assert "tools[1]" in r.json()["error"]["message"]
+    assert len(d.get("/v1/runs").json()["data"]) == before
+
+
+@pytest.fixture(params=["process", "docker"])
+def bundle_spec(request: pytest.FixtureRequest) -> dict[str, Any]:
+    setup = [f"sleep {SETUP_S}", "echo ready > ready"]
+    if request.param == "process":
+        return {"backend": "process", "setup": setup}
+    return {"image": request.getfixturevalue("busybox_image"), "setup": setup, "memory_mb": 64}
+
+
+def test_a_run_uses_its_bundles_tool_prepared_while_it_reasons(
+        d: DaemonProcess, bundle_spec: dict[str, Any]) -> None:
+    name = f"env-{bundle_spec.get('backend', 'docker')}"
+    assert register(d, name, {"env": bundle_spec}).status_code == 201
+    session = f"s-{name}"
+    view = run_to_end(d, {"workflow": name, "session_id": session, "tools": ["env"],
+                          "args": {"command": "cat ready", "tool": "env",
+                                   "pause_s": SETUP_S + 1.0}})
+    assert view["status"] == "finished", view
+    assert view["result"]["status"] == 200, view["result"]
+    assert view["result"]["body"]["stdout"] == "ready\n"
+    events = trace(d, session)
+    kinds = [e["kind"] for e in events]
+    assert kinds.index("tool.prepare.start") < kinds.index("tool.prepare.end") < kinds.index(
+        "tool.exec.start")
+    prepared = next(e for e in events if e["kind"] == "tool.prepare.end")
+    assert prepared["data"]["ok"] and prepared["data"]["duration_s"] >= SETUP_S
+    exec_end = next(e for e in events if e["kind"] == "tool.exec.end")
+    assert exec_end["data"]["waited_s"] < SETUP_S / 2, exec_end  # the setup was hidden
+    # Released with the run: nothing of its program is left.
+    program = view["program_id"]
+    deadline = time.time() + 15
+    while [t for t in d.get("/v1/tools", params={"program_id": program}).json()["data"]
+           if t.get("program_id") == program]:
+        assert time.time() < deadline, "the run's tool environment outlived it"
+        time.sleep(0.2)
+    assert "tool.release" in [e["kind"] for e in trace(d, session)]
+
+
+def test_bundle_tools_are_not_visible_outside_the_bundles_runs(d: DaemonProcess) -> None:
+    assert register(d, "scoped", {"only-here": {"backend": "process"}}).status_code == 201
+    client = openai.OpenAI(base_url=f"{d.url}/v1", api_key=d.token, max_retries=0)
+    client.chat.completions.create(model="sim-llama3-8b", max_tokens=2,
+                                   messages=[{"role": "user", "content": "hi"}],
+                                   extra_body={"program_id": "p-outside"})
+    r = d.post("/v1/programs/p-outside/tools/only-here/exec", json={"command": "true"})
+    assert r.status_code == 404 and "only-here" in r.json()["error"]["message"]
+    r = d.post("/v1/programs/p-outside/tools", json={"tools": ["only-here"]})
+    assert r.status_code == 404
+    assert d.get("/v1/programs/p-outside/tools").json()["bundle_tools"] == []
+    # The configured tool stays usable next to bundles.
+    r = d.post("/v1/programs/p-outside/tools/shell/exec", json={"command": "echo ok"})
+    assert r.status_code == 200 and r.json()["stdout"] == "ok\n"
