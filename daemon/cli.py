@@ -105,10 +105,17 @@ def build_engine(args: argparse.Namespace) -> Any:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from daemon.engines.worker import WorkerRuntime
+    from daemon.worker_key import WorkerKeyError, default_key_path, read_worker_key
 
     setup_logging(args.log_level, "plain")
-    runtime = WorkerRuntime(build_engine(args), args.connect, args.worker_id)
+    try:  # before the engine loads: a missing key should not cost a model load
+        key = read_worker_key(Path(args.key_file) if args.key_file else default_key_path())
+    except WorkerKeyError as exc:
+        raise CliError(str(exc)) from exc
+    runtime = WorkerRuntime(build_engine(args), args.connect, args.worker_id, key=key)
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
@@ -152,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--engine", choices=["sim", "vllm"], default="sim")
     w.add_argument("--connect", required=True, help="the daemon's worker endpoint (tcp:// or ipc://)")
     w.add_argument("--worker-id")
+    w.add_argument("--key-file", help="a copy of the daemon's worker key (default: "
+                   "worker.key in $AGENTD_CONFIG_DIR or ~/.config/agentd)")
     w.add_argument("--model")
     w.add_argument("--max-batch", type=int, default=64)
     w.add_argument("--block-size", type=int)

@@ -37,6 +37,11 @@ class Config:
     heartbeat_interval_s: float = 0.5
     heartbeat_timeout_s: float = 3.0
     queue_timeout_s: float = 60.0  # a queued request fails after this long with no worker
+    # A running request moves to another worker after this long without a token while its
+    # worker's engine does not step either (daemon/worker_watch.py); 0 = off.
+    request_stall_timeout_s: float = 30.0
+    # ... or after this long without a token at all, even if the engine steps; 0 = off.
+    request_progress_timeout_s: float = 600.0
     max_body_bytes: int = 4 * 1024 * 1024
     max_tokens_limit: int = 32768
     kv_policy: str = "agentd"  # vllm-default | sticky | continuum-ttl | thunderagent | agentd
@@ -144,11 +149,11 @@ def load(
 
 
 def validate(cfg: Config) -> None:
-    from tools.spec import SpecError, parse_spec
+    from tools.spec import SpecError, parse_table
 
     for name, raw in cfg.tools.items():
         try:
-            parse_spec({"name": name, **raw}, trusted=True)
+            parse_table(name, raw, trusted=True)
         except (SpecError, TypeError) as exc:
             raise ConfigError(f"config tools.{name}: {exc}") from exc
     if cfg.engine not in ("sim", "vllm"):
@@ -173,6 +178,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"log_format must be 'plain' or 'json', got {cfg.log_format!r}")
     if cfg.heartbeat_timeout_s <= cfg.heartbeat_interval_s:
         raise ConfigError("heartbeat_timeout_s must be larger than heartbeat_interval_s")
+    for key in ("request_stall_timeout_s", "request_progress_timeout_s"):
+        if not getattr(cfg, key) >= 0:
+            raise ConfigError(f"{key} must be >= 0 (0 turns the timeout off)")
     for key in ("max_prompt_chars", "max_queued_requests", "rate_limit_rps", "rate_limit_burst"):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"{key} must be >= 0 (0 turns the limit off)")

@@ -34,6 +34,15 @@ from daemon.state import (
     StreamItem,
     WorkerState,
 )
+from daemon.worker_counts import (
+    ProtocolTallies,
+    clean_delta,
+    clean_finish,
+    clean_stats,
+    register_problem,
+)
+from daemon.worker_key import ensure_worker_key, key_matches
+from daemon.worker_watch import ProgressWatch, Stall
 from db import models
 from db.writer import BatchWriter
 from scheduling.kv import KvConfig
@@ -70,7 +79,11 @@ class Core:
         self._tasks: list[asyncio.Task[None]] = []
         self._accepting = True
         self._pumping = False
-        self._remove_metrics: Callable[[], None] | None = None
+        self._remove_metrics: list[Callable[[], None]] = []
+        self.worker_key = ""  # read at start: the file may be created then
+        self.watch = ProgressWatch(config.request_stall_timeout_s,
+                                   config.request_progress_timeout_s)
+        self.tallies = ProtocolTallies()
         # The workflow runtime's global-controller loop (daemon/runtime/control.py) sets this.
         self.control: Any = None
         self.kv = KvControl(self, config.kv_policy,
@@ -94,11 +107,13 @@ class Core:
     # --- lifecycle -----------------------------------------------------------
 
     async def start(self) -> None:
+        self.worker_key = ensure_worker_key(self.config.config_path)
         self.broker.start()
         self._tasks.append(asyncio.create_task(self._health_loop(), name="worker-health"))
         self._tasks.append(asyncio.create_task(self._kv_loop(), name="kv-control"))
         self._tasks.append(asyncio.create_task(self.slo.run(), name="slo-control"))
-        self._remove_metrics = add_collector(lambda out: slo_families(out, self.slo))
+        self._remove_metrics = [add_collector(lambda out: slo_families(out, self.slo)),
+                                add_collector(self.tallies.families)]
 
     async def stop(self) -> None:
         self._accepting = False
@@ -107,8 +122,8 @@ class Core:
                 self.broker.send(w.identity, protocol.Shutdown())
         for task in self._tasks:
             task.cancel()
-        if self._remove_metrics is not None:
-            self._remove_metrics()
+        for remove in self._remove_metrics:
+            remove()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.broker.stop()
 
@@ -396,6 +411,7 @@ class Core:
         req.worker_id = worker.id
         req.dispatched_at = req.dispatched_at or now
         worker.inflight.add(req.id)
+        self.watch.dispatched(req.id, worker.id, now, req.output_tokens)
         sampling = req.sampling
         if req.output_tokens:
             remaining = max(1, sampling.max_tokens - req.output_tokens)
@@ -439,25 +455,42 @@ class Core:
         if worker.status == "unhealthy":
             self._set_worker_status(worker, "healthy", "heartbeat resumed")
         if isinstance(msg, protocol.Heartbeat):
-            worker.stats = msg.stats
+            worker.stats = self._checked(worker, "heartbeat", clean_stats(msg.stats))
+            self.watch.engine_steps(worker.id, worker.stats.steps, worker.last_seen)
         elif isinstance(msg, protocol.TokenDelta):
             self._on_delta(worker, msg)
         elif isinstance(msg, protocol.Finish):
             self._on_finish(worker, msg)
 
-    def _on_register(self, identity: bytes, msg: protocol.Register) -> None:
+    def _refuse(self, identity: bytes, msg: protocol.Register, kind: str, reason: str) -> None:
+        """Answer a refused registration; log and trace it once per socket identity, so
+        a peer that keeps trying cannot flood the log or the store (all are counted)."""
+        self.broker.send(identity, protocol.RegisterAck(accepted=False, message=reason))
+        if self.tallies.refuse(identity, kind, time.monotonic()):
+            worker_id = msg.worker_id[:64]  # chosen by whoever connected
+            log.warning("refused worker %r: %s", worker_id, reason)
+            self.writer.trace("worker.refused", worker_id=worker_id, reason=reason)
+
+    def _registration_problem(self, identity: bytes, msg: protocol.Register
+                              ) -> tuple[str, str] | None:
+        """(kind, reason) when the registration must be refused."""
         if msg.schema_hash != protocol.SCHEMA_HASH:
-            reason = (
+            return "schema", (
                 f"protocol schema mismatch: worker has {msg.schema_hash}, daemon has "
                 f"{protocol.SCHEMA_HASH}; run the same agentd version on both"
             )
-            log.warning("refused worker %s: %s", msg.worker_id, reason)
-            self.broker.send(identity, protocol.RegisterAck(accepted=False, message=reason))
-            self.writer.trace("worker.refused", worker_id=msg.worker_id, reason=reason)
-            return
+        if not key_matches(self.worker_key, msg.key):
+            return "key", ("worker key missing or wrong: start the worker with --key-file "
+                           "pointing to a copy of the daemon's worker.key")
         if identity.decode(errors="replace") != msg.worker_id:
-            self.broker.send(identity, protocol.RegisterAck(
-                accepted=False, message="worker id must equal the socket identity"))
+            return "identity", "worker id must equal the socket identity"
+        problem = register_problem(msg)
+        return None if problem is None else ("sizes", problem)
+
+    def _on_register(self, identity: bytes, msg: protocol.Register) -> None:
+        refused = self._registration_problem(identity, msg)
+        if refused is not None:
+            self._refuse(identity, msg, *refused)
             return
         now = time.time()
         old = self.workers.get(msg.worker_id)
@@ -468,6 +501,7 @@ class Core:
             last_seen=now,
         )
         self.workers[worker.id] = worker
+        self.watch.registered(worker.id, now)
         self.broker.send(identity, protocol.RegisterAck(
             accepted=True, heartbeat_interval_s=self.config.heartbeat_interval_s))
         row = {
@@ -489,11 +523,21 @@ class Core:
             self._fail_over(old, "worker restarted")
         self.pump()
 
+    def _checked(self, worker: WorkerState, what: str, cleaned: tuple[Any, list[str]]) -> Any:
+        message, problems = cleaned
+        if problems and self.tallies.bad(worker.id, what, problems):
+            self.writer.trace("worker.bad_counts", worker_id=worker.id, message=what,
+                              problems=problems)
+        return message
+
     def _on_delta(self, worker: WorkerState, msg: protocol.TokenDelta) -> None:
         req = self.requests.get(msg.request_id)
         if req is None or req.status != RequestStatus.RUNNING or req.worker_id != worker.id:
             return
         now = time.time()
+        msg = self._checked(worker, "token delta",
+                            clean_delta(msg, req.output_tokens, req.sampling.max_tokens))
+        self.watch.progressed(req.id, now)
         if req.first_token_at is None and msg.num_tokens > 0:
             req.first_token_at = now
             self.latency["ttft"].observe(now - req.queued_at)
@@ -516,10 +560,15 @@ class Core:
         if req is None or req.status != RequestStatus.RUNNING or req.worker_id != worker.id:
             self.pump()
             return
+        msg = self._checked(worker, "finish", clean_finish(
+            msg, self.watch.tokens_this_dispatch(req.id, req.output_tokens)))
         if req.failovers == 0:
             req.prompt_tokens = msg.prompt_tokens
             req.cached_tokens = msg.cached_tokens
         req.prompt_tokens = req.prompt_tokens or msg.prompt_tokens
+        # Deltas and finish may each be sane and still disagree (prompt from one, cached
+        # from the other, or across a failover): usage must never show cached > prompt.
+        req.cached_tokens = min(req.cached_tokens, req.prompt_tokens)
         if msg.reason == "error":
             self._end_request(req, RequestStatus.FAILED, "error", error=msg.error or "engine error")
         else:
@@ -539,6 +588,7 @@ class Core:
         now = time.time()
         req.status = status
         req.finished_at = now
+        self.watch.forget(req.id)
         if req.worker_id in self.workers:
             self.workers[req.worker_id].inflight.discard(req.id)
         program = self.programs.get(req.program_id)
@@ -592,11 +642,39 @@ class Core:
     def check_health(self, now: float) -> None:
         for worker in list(self.workers.values()):
             silent = now - worker.last_seen
-            if worker.healthy and silent > self.config.heartbeat_timeout_s:
+            if worker.status in ("healthy", "suspect") and silent > self.config.heartbeat_timeout_s:
                 self._set_worker_status(worker, "unhealthy", f"no heartbeat for {silent:.1f}s")
                 self._fail_over(worker, f"worker {worker.id} missed heartbeats")
             elif worker.status == "unhealthy" and silent > 10 * self.config.heartbeat_timeout_s:
                 self._set_worker_status(worker, "gone", f"no heartbeat for {silent:.0f}s")
+            elif worker.status == "suspect" and self.watch.probation_over(worker.id, now):
+                self._set_worker_status(worker, "healthy", "probation: it gets requests again")
+                self.pump()
+        for worker_id, stalls in self.watch.stalled(now).items():
+            self._on_stalled(worker_id, stalls, now)
+
+    def _on_stalled(self, worker_id: str, stalls: list[Stall], now: float) -> None:
+        """A live worker made no progress on these requests: they move on as a dead
+        worker's would, and the worker gets no new requests for a while."""
+        worker = self.workers.get(worker_id)
+        held = worker.inflight if worker is not None else set()
+        for stall in stalls:
+            if stall.request_id not in held:  # left the worker some other way
+                self.watch.forget(stall.request_id)
+        ids = [s.request_id for s in stalls if s.request_id in held]
+        if worker is None or not ids:
+            return
+        until = self.watch.suspect(worker.id, now)
+        self.tallies.stalls[worker.id] += len(ids)
+        reason = f"worker {worker.id} made no progress on the request: {stalls[0].reason}"
+        if worker.status in ("healthy", "suspect"):
+            self._set_worker_status(
+                worker, "suspect", f"{len(ids)} request(s) stalled ({stalls[0].reason}); "
+                f"no new requests for {until - now:.0f}s")
+        for rid in ids:
+            # Whatever the engine still does for them is wasted: the requests go elsewhere.
+            self.broker.send(worker.identity, protocol.Abort(request_id=rid))
+        self._fail_over(worker, reason, only=ids)
 
     def _set_worker_status(self, worker: WorkerState, status: str, reason: str) -> None:
         worker.status = status
@@ -604,13 +682,15 @@ class Core:
         self.writer.trace(f"worker.{status}", worker_id=worker.id, reason=reason)
         log.warning("worker %s is %s: %s", worker.id, status, reason)
 
-    def _fail_over(self, worker: WorkerState, reason: str) -> None:
-        """Requeue the dead worker's requests at the head of the queue, oldest first."""
+    def _fail_over(self, worker: WorkerState, reason: str, only: list[str] | None = None) -> None:
+        """Requeue the worker's requests (those in `only`, else all: it is dead) at the
+        head of the queue, oldest first."""
+        ids = set(worker.inflight) if only is None else worker.inflight & set(only)
         stranded = sorted(
-            (self.requests[r] for r in worker.inflight if r in self.requests),
+            (self.requests[r] for r in ids if r in self.requests),
             key=lambda r: r.queued_at, reverse=True,
         )
-        worker.inflight.clear()
+        worker.inflight -= ids
         has_other = any(w.healthy and w.id != worker.id for w in self.workers.values())
         for req in stranded:
             if req.status != RequestStatus.RUNNING:
@@ -648,6 +728,7 @@ class Core:
     def _back_to_queue(self, req: RequestState, reason: str) -> None:
         """The request continues later, elsewhere, from the text generated so far."""
         req.status = RequestStatus.QUEUED
+        self.watch.forget(req.id)
         self.slo.on_release(req)
         program = self.programs.get(req.program_id)
         if program is not None:

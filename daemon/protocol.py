@@ -14,7 +14,8 @@ import json
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+# 2: Register carries the worker key.
+PROTOCOL_VERSION = 2
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -59,6 +60,9 @@ class Register(msgspec.Struct, frozen=True, tag="register", kw_only=True):
     schema_hash: str
     pid: int = 0
     host: str = ""
+    # The daemon's worker key (daemon/worker_key.py): whoever can reach the socket but
+    # cannot read the key file is refused and never sees a prompt.
+    key: str = ""
 
 
 class Heartbeat(msgspec.Struct, frozen=True, tag="heartbeat", kw_only=True):

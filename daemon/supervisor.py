@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 
 from daemon.config import Config
+from daemon.worker_key import key_path
 
 log = logging.getLogger("agentd.supervisor")
 
@@ -24,8 +25,10 @@ STABLE_AFTER_S = 60.0
 
 
 def worker_command(cfg: Config, endpoint: str, worker_id: str) -> list[str]:
+    # The path, not the key: a command line is visible to every user of the host.
     cmd = [sys.executable, "-m", "daemon.cli", "worker", "--engine", cfg.engine,
-           "--connect", endpoint, "--worker-id", worker_id, "--log-level", cfg.log_level]
+           "--connect", endpoint, "--worker-id", worker_id, "--log-level", cfg.log_level,
+           "--key-file", str(key_path(cfg.config_path))]
     if cfg.engine == "sim":
         cmd += ["--kv-tokens", str(cfg.sim_kv_tokens), "--time-scale", str(cfg.sim_time_scale)]
         if cfg.sim_cost_model:

@@ -251,7 +251,7 @@ def render_metrics(core: Core) -> str:
     for status, n in counts.items():
         out.sample("agentd_programs", n, status=status)
     out.family("agentd_workers", "gauge", "Workers by health")
-    for status in ("healthy", "unhealthy", "gone"):
+    for status in ("healthy", "suspect", "unhealthy", "gone"):
         out.sample("agentd_workers", sum(w.status == status for w in core.workers.values()),
                    status=status)
     out.family("agentd_queue_length", "gauge", "Requests in the global queue")

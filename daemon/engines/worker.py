@@ -27,9 +27,11 @@ REGISTER_TIMEOUT_S = 5.0
 
 
 class WorkerRuntime:
-    def __init__(self, engine: Engine, connect: str, worker_id: str | None = None) -> None:
+    def __init__(self, engine: Engine, connect: str, worker_id: str | None = None,
+                 key: str = "") -> None:
         self.engine = engine
         self.connect = connect
+        self.key = key  # the daemon's worker key (daemon/worker_key.py)
         self.worker_id = worker_id or f"{engine.engine}-{uuid.uuid4().hex[:8]}"
         self._ctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None
@@ -80,6 +82,7 @@ class WorkerRuntime:
             schema_hash=protocol.SCHEMA_HASH,
             pid=os.getpid(),
             host=socket.gethostname(),
+            key=self.key,
         )
         await sock.send(protocol.encode(reg))
         msg = await self._await_ack(sock)

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from daemon import protocol
 from tests.daemon_process import DaemonProcess
+from tests.worker_socket import worker_key
 
 schemathesis = pytest.importorskip("schemathesis")
 from schemathesis.specs.openapi.checks import response_schema_conformance  # noqa: E402
@@ -147,7 +148,8 @@ def test_a_stuck_worker_does_not_stall_requests(daemon_factory) -> None:  # type
         # Registers with lots of room (so the KV policy likes it), then goes silent.
         sock.send(protocol.encode(protocol.Register(
             worker_id="stuck-0", engine="sim", model=MODEL, kv_capacity_tokens=10_000_000,
-            block_size=16, max_batch=256, schema_hash=protocol.SCHEMA_HASH, pid=1)))
+            block_size=16, max_batch=256, schema_hash=protocol.SCHEMA_HASH, pid=1,
+            key=worker_key(d))))
         ack = protocol.decode_from_daemon(sock.recv())
         assert isinstance(ack, protocol.RegisterAck) and ack.accepted
         started = time.time()
