@@ -1,12 +1,26 @@
 """Software engineering (NALAR Fig. 1 and 4): planner -> developers -> testers -> retries.
 
-The planner splits the request; each subtask goes to a developer (with the docs tool's
+The planner splits the request (the model's numbered list, or a fixed split by area when
+the reply does not parse); each subtask goes to a developer (with the docs tool's
 snippet) and its code to a tester, all in parallel; a subtask whose tests fail goes back
 to a developer with the test log, until it passes or the retry budget is spent. The
 agents are plain classes (*_impl.py) behind stubs generated from their YAML:
 
-    agentctl stubgen planner.yaml     # -> planner.py, likewise developer and tester
+    agentctl stubgen examples/swe/planner.yaml     # -> planner.py; likewise developer, tester
+
+Run it on a daemon with the simulated engine (`make run ENGINE=sim` does the same):
+
+    agentd start --engine sim
     agentctl submit examples/swe --args '{"request": "OAuth login"}' --follow
+
+or on the real SmolLM2 worker (vLLM CPU): `make model` installs vLLM and converts the
+model into ~/.cache/agentd/models/SmolLM2-135M-Instruct (`make run` does both steps):
+
+    agentd start --engine vllm --model ~/.cache/agentd/models/SmolLM2-135M-Instruct
+    agentctl submit examples/swe --args '{"request": "OAuth login", "size": 2}' --follow
+
+agentctl reads the daemon's address and token from --url/--token, $AGENTD_URL/$AGENTD_TOKEN,
+or http://127.0.0.1:8420 and ~/.config/agentd/token.
 """
 
 from __future__ import annotations
@@ -55,5 +69,6 @@ def main(request: str, size: int = 3, max_retries: int = 8,
             reports[i] = tester.test(subtasks[i], retry)
     history = agentd.ManagedList("swe_history")
     history.append({"request": request, "retries": retries})
-    return {"request": request, "subtasks": n, "retries": retries, "attempts": attempts,
-            "code": "".join(c for c in code if c), "requests_in_session": len(history)}
+    return {"request": request, "subtasks": n, "plan": list(subtasks), "retries": retries,
+            "attempts": attempts, "code": "".join(c for c in code if c),
+            "requests_in_session": len(history)}
