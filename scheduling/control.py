@@ -125,7 +125,7 @@ class Directives:
 
     stateful: bool = False
     batchable: bool = False
-    preemptable: str | None = None
+    preemptable: str | bool | None = None  # a preempt method's name, or False: never
     min_instances: int = 1
     max_instances: int = 1
     resources: Mapping[str, float] = field(default_factory=dict)
@@ -362,6 +362,12 @@ class Combined(ControlPolicy):
     def on_instance_change(self, view: ControlView, instance_id: str,
                            now: float) -> list[ControlDecision]:
         return [d for p in self.parts for d in p.on_instance_change(view, instance_id, now)]
+
+    def on_session_end(self, view: ControlView, session_id: str,
+                       now: float) -> list[ControlDecision]:
+        # parts that keep the base hook return the same drops: send each once
+        return list(dict.fromkeys(d for p in self.parts
+                                  for d in p.on_session_end(view, session_id, now)))
 
 
 # --- the global controller ------------------------------------------------------------

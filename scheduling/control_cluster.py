@@ -7,6 +7,11 @@ a stateful agent's session pin; the session's installed route; the agent type's
 weighted route; else the least-loaded live instance, growing the type up to its
 `max_instances` when `grow_on_demand` and no instance is idle. A weighted route
 picks the usable instance with the least load per unit of weight.
+
+Per call the work is a fixed number of dict operations and one heap operation,
+whatever the number of live calls: least-loaded comes from a load index kept as calls
+come and go (scheduling/control_load.py), and a session's records are indexed by
+session so that forgetting one reads only its own.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from scheduling.control import (
     DRIVER,
@@ -34,7 +39,8 @@ from scheduling.control import (
     WeightedRoute,
     decision_to_dict,
 )
-from scheduling.control_local import LocalController, SessionKey, Started
+from scheduling.control_load import LoadIndex
+from scheduling.control_local import LocalController, Started
 from scheduling.control_messages import (
     AddConsumer,
     Message,
@@ -75,13 +81,15 @@ class Cluster:
         self.events: list[dict[str, Any]] = []
         self._seq = 0
         self._numbers: dict[str, int] = {}
-        self._turns: dict[SessionKey, int] = {}
-        self._attempts: dict[tuple[str, str], int] = {}
-        self._meta: dict[str, tuple[str, int, str]] = {}  # call -> (session, stage, placed on)
+        self._index: dict[str, LoadIndex] = {}  # agent type -> its ACTIVE instances by load
+        self._turns: dict[str, dict[str, int]] = {}  # session -> agent type -> next turn
+        self._attempts: dict[str, dict[str, int]] = {}  # session -> call key -> calls
+        self._meta: dict[str, _Meta] = {}
+        self._calls: dict[str, list[str]] = {}  # session -> its calls, for forgetting it
+        self._visited: dict[str, set[str]] = {}  # session -> instances migration took it to
         self._tally: dict[str, _Tally] = {}  # live agent calls per session
         self._sessions: dict[str, SessionView] = {}  # the tallies as the view shows them
         self._stale: set[str] = set()  # sessions whose SessionView is out of date
-        self._attempt_of: dict[str, int] = {}
 
     # --- instances ----------------------------------------------------------------------
 
@@ -100,10 +108,9 @@ class Cluster:
             raise ValueError(f"instance {instance_id!r} exists")
         c = LocalController(instance_id, agent_type, self.rules, node=node, slots=slots,
                             stateful=directives.stateful, now=now)
-        if starting:
-            c.state_ = InstanceState.STARTING
         self.controllers[instance_id] = c
         self.by_type.setdefault(agent_type, []).append(c)
+        self._set_state(c, InstanceState.STARTING if starting else InstanceState.ACTIVE)
         self._event("instance.provisioned", instance=instance_id, agent_type=agent_type,
                     node=node, reason=reason)
         return c
@@ -112,8 +119,21 @@ class Cluster:
         """A STARTING instance is ready to serve."""
         c = self.controllers[instance_id]
         if c.state_ is InstanceState.STARTING:
-            c.state_ = InstanceState.ACTIVE
+            self._set_state(c, InstanceState.ACTIVE)
             self._event("instance.active", instance=instance_id)
+
+    def _set_state(self, c: LocalController, state: InstanceState) -> None:
+        """The one place an instance changes state: only ACTIVE ones are in the index."""
+        c.state_ = state
+        index = self._index.get(c.agent_type)
+        if index is None:
+            index = self._index[c.agent_type] = LoadIndex()
+        if state is InstanceState.ACTIVE:
+            index.add(c.id, len(c.held))
+            c.index = index
+        else:
+            index.remove(c.id)
+            c.index = None
 
     def alive(self, agent_type: str) -> list[LocalController]:
         return [c for c in self.by_type.get(agent_type, ()) if c.state_ is InstanceState.ACTIVE]
@@ -128,36 +148,36 @@ class Cluster:
     # --- placement and creation (the per-call path) -----------------------------------
 
     def place(self, agent_type: str, session_id: str) -> tuple[str, str]:
-        key = (session_id, agent_type)
-        if self.agents[agent_type].stateful:
-            pinned = self.rules.pins.get(key)
+        return self._place(agent_type, session_id, self.agents[agent_type])
+
+    def _place(self, agent_type: str, session_id: str,
+               directives: Directives) -> tuple[str, str]:
+        rules = self.rules
+        if directives.stateful:
+            key = (session_id, agent_type)
+            pinned = rules.pins.get(key)
             if pinned is not None and self._usable(pinned):
                 return pinned, "stateful session pin"
-            chosen = self._least_loaded(agent_type)
-            self.rules.pins[key] = chosen
+            chosen = self._least_loaded(agent_type, directives)
+            rules.pin(session_id, agent_type, chosen)
             return chosen, "stateful: pinned to the least loaded"
-        routed = self.rules.routes.get(key)
-        if routed is not None and self._usable(routed):
-            return routed, "session route"
-        weighted = self.rules.weighted(agent_type, self._usable, self._load)
-        if weighted is not None:
-            return weighted, "weighted route"
-        return self._least_loaded(agent_type), "least loaded"
+        if rules.routes:
+            routed = rules.routes.get((session_id, agent_type))
+            if routed is not None and self._usable(routed):
+                return routed, "session route"
+        if agent_type in rules.weights:
+            weighted = rules.weighted(agent_type, self._usable, self._load)
+            if weighted is not None:
+                return weighted, "weighted route"
+        return self._least_loaded(agent_type, directives), "least loaded"
 
-    def _least_loaded(self, agent_type: str) -> str:
-        best: LocalController | None = None
-        best_load = alive = 0
-        active = InstanceState.ACTIVE
-        for c in self.by_type.get(agent_type, ()):
-            if c.state_ is active:
-                alive += 1
-                n = len(c.held)
-                if best is None or n < best_load:
-                    best, best_load = c, n
-        grow = self.grow_on_demand and alive < self.agents[agent_type].max_instances
-        if best is None or (grow and best_load > 0):
-            best = self.add_instance(agent_type, reason="on demand")
-        return best.id
+    def _least_loaded(self, agent_type: str, directives: Directives) -> str:
+        index = self._index.get(agent_type)
+        least = index.least() if index is not None else None
+        if least is None or (least[1] > 0 and self.grow_on_demand
+                             and len(index or ()) < directives.max_instances):
+            return self.add_instance(agent_type, reason="on demand").id
+        return least[0]
 
     def create(self, fid: str, session_id: str, agent_type: str, now: float, *,
                deps: Sequence[str] = (), creator: str = DRIVER, parent: str | None = None,
@@ -165,32 +185,35 @@ class Cluster:
         """A new agent call: place it, hand it to its executor, register it as the
         consumer of each dependency. Returns the executor. `stage` defaults to one past
         the deepest of its dependencies and its parent call."""
-        directives = self.agents.setdefault(agent_type, Directives())
-        instance, reason = self.place(agent_type, session_id)
+        directives = self.agents.get(agent_type)
+        if directives is None:
+            directives = self.agents[agent_type] = Directives()
+        instance, reason = self._place(agent_type, session_id, directives)
+        meta = self._meta
         if stage is None:
-            stages = [self._meta[d][1] for d in deps if d in self._meta]
-            if parent is not None and parent in self._meta:
-                stages.append(self._meta[parent][1])
+            stages = [meta[d][1] for d in deps if d in meta]
+            if parent is not None and parent in meta:
+                stages.append(meta[parent][1])
             stage = 1 + max(stages) if stages else 0
         attempt = 0
         if call_key is not None:
-            attempt = self._attempts.get((session_id, call_key), 0)
-            self._attempts[(session_id, call_key)] = attempt + 1
-        turn = None
-        if directives.stateful:
-            turn = self._turns.get((session_id, agent_type), 0)
-            self._turns[(session_id, agent_type)] = turn + 1
+            attempt = _bump(self._attempts, session_id, call_key)
+        turn = _bump(self._turns, session_id, agent_type) if directives.stateful else None
         self._seq += 1
-        view = FutureView(fid, session_id, agent_type, instance, FutureStatus.WAITING, now,
-                          self._seq, creator, tuple(deps), (), stage, attempt, turn)
-        self._meta[fid] = (session_id, stage, instance)
+        view = _future(fid, session_id, agent_type, instance, now, self._seq, creator,
+                       tuple(deps), stage, attempt, turn)
+        meta[fid] = tuple.__new__(_Meta, (session_id, stage, instance, attempt, creator))
+        calls = self._calls.get(session_id)
+        if calls is None:
+            self._calls[session_id] = [fid]
+        else:
+            calls.append(fid)
         self._retally(session_id, stage, attempt, 1)
-        self._attempt_of[fid] = attempt
         if self.record_events:
             self._event("future.placed", id=fid, session_id=session_id, agent_type=agent_type,
                         instance=instance, reason=reason, stage=stage, attempt=attempt)
         if not deps:
-            self.send((Submit(instance, view, ()),), now)
+            self._send_one(Submit(instance, view, ()), now)
             return instance
         dep_at = tuple((d, self._locate(creator, d)) for d in deps)
         self.send([Submit(instance, view, dep_at),
@@ -203,15 +226,17 @@ class Cluster:
         if known is not None:
             return known
         meta = self._meta.get(dep)
-        return meta[2] if meta is not None else EXTERNAL
+        return meta.placed if meta is not None else EXTERNAL
 
     def knows(self, fid: str) -> bool:
         return fid in self._meta
 
     def external(self, fid: str, session_id: str, now: float) -> None:
         """A call the controllers do not run (a tool): its value comes from `complete`."""
-        self._meta[fid] = (session_id, 0, EXTERNAL)
-        view = FutureView(fid, session_id, "", EXTERNAL, FutureStatus.RUNNING, now)
+        self._meta[fid] = _Meta(session_id, 0, EXTERNAL, 0, DRIVER)
+        self._calls.setdefault(session_id, []).append(fid)
+        view = FutureView(fid, session_id, "", EXTERNAL, FutureStatus.RUNNING, now,
+                          creator=DRIVER)
         self.send(self.controllers[EXTERNAL].hold_running(view, now), now)
 
     def complete(self, fid: str, value: object, ok: bool, now: float) -> None:
@@ -234,8 +259,9 @@ class Cluster:
         self.send(c.finish(fid, value, ok, now), now)
         meta = self._meta.get(fid)
         if meta is not None:
-            self._retally(meta[0], meta[1], self._attempt_of.pop(fid, 0), -1)
-        self._reap(c)
+            self._retally(meta.session, meta.stage, meta.attempt, -1)
+        if c.state_ is InstanceState.DRAINING:
+            self._reap(c)
 
     # --- transport ----------------------------------------------------------------------
 
@@ -243,6 +269,15 @@ class Cluster:
         self.outbox.extend(messages)
         if self.auto_pump:
             self.pump(now)
+
+    def _send_one(self, m: Message, now: float) -> None:
+        """`send` of one message, without the queue when nothing is ahead of it."""
+        if self.auto_pump and not self.outbox:
+            self.deliver(m, now)
+            if self.outbox:
+                self.pump(now)
+        else:
+            self.send((m,), now)
 
     def pump(self, now: float) -> None:
         while self.outbox:
@@ -255,6 +290,7 @@ class Cluster:
             return  # the common case, kept short: nothing to log, forward or reap
         for o in out:
             if isinstance(o, Transfer):
+                self._visit(o.future.session_id, o.to)
                 self._event("future.migrated", id=o.future.future_id, source=c.id,
                             destination=o.to, session_id=o.future.session_id)
         while c.refused:
@@ -324,10 +360,12 @@ class Cluster:
         if any(c.expecting(key) for c in self.by_type.get(src.agent_type, ())):
             return "this session's state is still moving from an earlier migration"
         with_state = holder is not None or key in src.state
+        self._visit(d.session_id, d.source)  # it records the departure
         if with_state:
             if holder is not None:
                 self.rules.routes[key] = d.destination
             self.controllers[d.destination].expect(key)
+            self._visit(d.session_id, d.destination)
         self.send([MigrateSession(d.source, d.session_id, src.agent_type, d.destination,
                                   with_state)], now)
         return None
@@ -340,7 +378,7 @@ class Cluster:
         routed |= {s for (s, _) in c.state}
         if routed:
             return f"{c.id} holds the state of session {min(routed)}: migrate it first"
-        c.state_ = InstanceState.DRAINING
+        self._set_state(c, InstanceState.DRAINING)
         self.rules.forget_instance(c.id)
         self._event("instance.killed", instance=c.id, reason=d.reason)
         movable = [h.view for h in c.held.values()
@@ -353,7 +391,7 @@ class Cluster:
 
     def _reap(self, c: LocalController) -> None:
         if c.state_ is InstanceState.DRAINING and not c.held:
-            c.state_ = InstanceState.DEAD
+            self._set_state(c, InstanceState.DEAD)
             self.by_type[c.agent_type].remove(c)
             self._event("instance.dead", instance=c.id)
 
@@ -373,24 +411,48 @@ class Cluster:
         return ControlView((), instances, self.agents, self.rules.snapshot())
 
     def forget_session(self, session_id: str) -> None:
+        """The session ended (no live call): drop its rules and records everywhere.
+        Reads only the session's own calls and the instances they were on."""
         self.rules.forget_session(session_id)
-        for c in self.controllers.values():
-            c.forget_session(session_id)
+        creations: dict[str, list[str]] = {}
+        for fid in self._calls.pop(session_id, ()):
+            meta = self._meta.pop(fid, None)
+            if meta is not None:
+                creations.setdefault(meta.placed, [])
+                creations.setdefault(meta.creator, []).append(fid)
+        for inst in self._visited.pop(session_id, ()):
+            creations.setdefault(inst, [])
+        for inst, created in creations.items():
+            c = self.controllers.get(inst)
+            if c is not None:
+                c.forget_session(session_id, created)
         for table in (self._turns, self._attempts):
-            for key in [k for k in table if k[0] == session_id]:
-                del table[key]
-        for fid in [f for f, meta in self._meta.items() if meta[0] == session_id]:
-            del self._meta[fid]
-            self._attempt_of.pop(fid, None)
+            table.pop(session_id, None)
         self._tally.pop(session_id, None)
         self._sessions.pop(session_id, None)
         self._stale.discard(session_id)
 
+    def _visit(self, session_id: str, instance_id: str) -> None:
+        self._visited.setdefault(session_id, set()).add(instance_id)
+
     def _retally(self, session_id: str, stage: int, attempt: int, delta: int) -> None:
+        """Count a call in (delta 1) or out (-1) of its session's tally; written out
+        rather than looped or delegated: this runs twice per call."""
         t = self._tally.get(session_id)
         if t is None:
             t = self._tally[session_id] = _Tally()
-        t.change(stage, attempt, delta)
+        t.live += delta
+        stages, attempts = t.stages, t.attempts
+        n = stages.get(stage, 0) + delta
+        if n:
+            stages[stage] = n
+        else:
+            del stages[stage]
+        n = attempts.get(attempt, 0) + delta
+        if n:
+            attempts[attempt] = n
+        else:
+            del attempts[attempt]
         self._stale.add(session_id)
 
     def _session_views(self) -> dict[str, SessionView]:
@@ -412,6 +474,35 @@ class Cluster:
         return events
 
 
+class _Meta(NamedTuple):
+    session: str
+    stage: int
+    placed: str  # the instance it was placed on (it may have moved since)
+    attempt: int
+    creator: str
+
+
+def _bump(table: dict[str, dict[str, int]], session_id: str, key: str) -> int:
+    """The session's count under `key` before this call, counting this one."""
+    mine = table.get(session_id)
+    if mine is None:
+        table[session_id] = {key: 1}
+        return 0
+    n = mine.get(key, 0)
+    mine[key] = n + 1
+    return n
+
+
+def _future(fid: str, session_id: str, agent_type: str, instance: str, now: float, seq: int,
+            creator: str, deps: tuple[str, ...], stage: int, attempt: int,
+            turn: int | None) -> FutureView:
+    """A new call's view, built positionally: NamedTuple's keyword-checking constructor
+    costs several times more on the per-call path."""
+    return tuple.__new__(FutureView, (fid, session_id, agent_type, instance,
+                                      FutureStatus.WAITING, now, seq, creator, deps, (), stage,
+                                      attempt, turn, None, None, 0))
+
+
 class _Tally:
     """Live calls of one session, counted per stage and per attempt."""
 
@@ -421,14 +512,3 @@ class _Tally:
         self.live = 0
         self.stages: dict[int, int] = {}
         self.attempts: dict[int, int] = {}
-
-    def change(self, stage: int, attempt: int, delta: int) -> None:
-        self.live += delta
-        for table, key in ((self.stages, stage), (self.attempts, attempt)):
-            n = table.get(key, 0) + delta
-            if n:
-                table[key] = n
-            else:
-                del table[key]
-
-

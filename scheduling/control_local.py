@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from scheduling.control import FutureStatus, FutureView, InstanceState, InstanceView
+from scheduling.control_load import LoadIndex
 from scheduling.control_messages import (
     AddConsumer,
     DepValue,
@@ -60,31 +61,36 @@ class Started(NamedTuple):
     values: dict[str, tuple[object, bool]]
 
 
+# the sets below are replaced, never changed in place, so that a call without
+# dependencies (most) shares this one instead of allocating its own
+_NONE: frozenset[str] = frozenset()
+
+
 class _Held:
     __slots__ = ("consumers", "dep_at", "destination", "missing", "notes", "redirected",
                  "replies", "values", "version", "view")
 
-    def __init__(self, view: FutureView, missing: set[str], values: dict[str, tuple[object, bool]],
-                 dep_at: dict[str, str], consumers: dict[str, Where],
-                 notes: dict[str, Where]) -> None:
+    def __init__(self, view: FutureView, missing: frozenset[str],
+                 values: dict[str, tuple[object, bool]], dep_at: tuple[tuple[str, str], ...],
+                 consumers: dict[str, Where], notes: dict[str, Where]) -> None:
         self.view = view
         self.missing = missing
         self.values = values
-        self.dep_at = dep_at
+        self.dep_at = dep_at  # (dependency, where its creator last saw it)
         self.consumers = consumers  # consumer call -> where (and at which hop) it runs
         self.notes = notes  # redirects that came before the consumer's registration
         self.version = 0
         self.destination: str | None = None
-        self.replies: set[str] = set()
-        self.redirected: set[str] = set()
+        self.replies = _NONE  # migrating: the redirects not answered yet
+        self.redirected = _NONE
 
 
 class _Done:
-    __slots__ = ("consumers", "notes", "ok", "session_id", "value")
+    __slots__ = ("consumers", "notes", "ok", "value")
 
     def __init__(self, value: object, ok: bool, consumers: dict[str, Where],
-                 notes: dict[str, Where], session_id: str) -> None:
-        self.value, self.ok, self.session_id = value, ok, session_id
+                 notes: dict[str, Where]) -> None:
+        self.value, self.ok = value, ok
         self.consumers, self.notes = consumers, notes
 
 
@@ -104,12 +110,17 @@ class LocalController:
         self.directory: dict[str, str] = {}  # creator role: where my calls execute
         self.results: dict[str, tuple[object, bool]] = {}  # creator role
         self.state: dict[SessionKey, object] = {}
+        # session -> its calls in `done` or `moved`, so that forgetting it reads only those
+        self._records: dict[str, list[str]] = {}
+        # the host's least-loaded index while this instance takes new calls
+        self.index: LoadIndex | None = None
         self.refused: list[tuple[str, str]] = []
         self.forwarded = 0
         self.values_forwarded = 0  # stays 0 when migration waits for in-flight values
         self.completed = 0
         self.mean_service_s = 0.0
         self.mean_wait_s = 0.0
+        self._started = 0  # calls started here: the first wait sets the mean
         # an instance counts as fully used until it has a history, so that a policy
         # does not reclaim what was provisioned a moment ago
         self._util = 1.0
@@ -145,38 +156,47 @@ class LocalController:
         f = m.future
         if f.executor != self.id or f.status is not WAITING:
             f = f._replace(executor=self.id, status=WAITING)
-        h = _Held(f, set(f.dependencies), {}, dict(m.dep_at), {}, {})
+        h = _Held(f, frozenset(f.dependencies) if f.dependencies else _NONE, {}, m.dep_at,
+                  {}, {})
         return self._arrive(h, now)
 
     def _transfer(self, m: Transfer, now: float) -> list[Message]:
-        h = _Held(m.future._replace(executor=self.id, status=WAITING), set(m.pending),
-                  {dep: (value, ok) for dep, value, ok in m.values}, dict(m.dep_at),
+        h = _Held(m.future._replace(executor=self.id, status=WAITING), frozenset(m.pending),
+                  {dep: (value, ok) for dep, value, ok in m.values}, m.dep_at,
                   dict(m.consumers), dict(m.notes))
         return self._arrive(h, now)
 
     def _arrive(self, h: _Held, now: float) -> list[Message]:
+        # the common case (nothing moving, nothing early) touches only non-empty tables
         fid = h.view.future_id
         self.held[fid] = h
         self.views[fid] = h.view
-        self.moved.pop(fid, None)  # back again
-        key = (h.view.session_id, h.view.agent_type)
+        if self.index is not None:
+            self.index.set(self.id, len(self.held))
+        if self.moved:
+            self.moved.pop(fid, None)  # back again
         out: list[Message] = []
-        departed = self._departed.get(key)
-        if departed is not None and not self.stateful:
-            out += self._begin_migration(h, departed[0])  # the session left: follow it
-        elif key in self._expecting:
-            self._expecting[key].append(fid)
-        for early in self.stash.pop(fid, ()):
-            out += self.handle(early, now)
+        if self._departed or self._expecting:
+            key = (h.view.session_id, h.view.agent_type)
+            departed = self._departed.get(key)
+            if departed is not None and not self.stateful:
+                out += self._begin_migration(h, departed[0])  # the session left: follow it
+            elif key in self._expecting:
+                self._expecting[key].append(fid)
+        if self.stash:
+            for early in self.stash.pop(fid, ()):
+                out += self.handle(early, now)
         if fid in self.held:
-            out += self._maybe_ready(h, now)
+            self._maybe_ready(h, now)
         return out
 
     def hold_running(self, view: FutureView, now: float) -> list[Message]:
         """A call run outside the controllers (a tool); `finish` pushes its value."""
         fid = view.future_id
-        self.held[fid] = _Held(view, set(), {}, {}, {}, {})
+        self.held[fid] = _Held(view, _NONE, {}, (), {}, {})
         self.views[fid] = view
+        if self.index is not None:
+            self.index.set(self.id, len(self.held))
         self.running.add(fid)
         key = (view.session_id, view.agent_type)
         self._running_of[key] = self._running_of.get(key, 0) + 1
@@ -195,38 +215,48 @@ class LocalController:
 
     # --- readiness and the queue --------------------------------------------------------
 
-    def _maybe_ready(self, h: _Held, now: float) -> list[Message]:
+    def _maybe_ready(self, h: _Held, now: float) -> None:
         v = h.view
-        if v.status is not WAITING or h.missing or (v.session_id, v.agent_type) in self._expecting:
-            return []
-        self._set(h, _with(v, QUEUED, _QUEUED_AT, now))
+        if v.status is not WAITING or h.missing or \
+                (self._expecting and (v.session_id, v.agent_type) in self._expecting):
+            return
+        fields = list(v)
+        fields[_STATUS], fields[_QUEUED_AT] = QUEUED, now
+        v = h.view = tuple.__new__(FutureView, fields)
+        self.views[v.future_id] = v
         self._arrivals.append((now, v.future_id))
-        self._enqueue(h)
-        return []
+        if self.stateful and v.turn is not None:
+            self._push_in_turn(h)
+        else:
+            self._push(h)
 
     def _set(self, h: _Held, view: FutureView) -> None:
         h.view = view
         self.views[view.future_id] = view
 
-    def _enqueue(self, h: _Held) -> None:
+    def _push_in_turn(self, h: _Held) -> None:
+        """A stateful agent runs a session's calls in turn: a later one is parked."""
         v = h.view
-        if self.stateful and v.turn is not None:
-            key = (v.session_id, v.agent_type)
-            if v.turn != self._next_turn.get(key, 0):
-                self._parked.setdefault(key, {})[v.turn] = v.future_id
-                self._n_parked += 1
-                return
+        key = (v.session_id, v.agent_type)
+        turn = v.turn if v.turn is not None else 0
+        if turn != self._next_turn.get(key, 0):
+            self._parked.setdefault(key, {})[turn] = v.future_id
+            self._n_parked += 1
+            return
         self._push(h)
 
     def _push(self, h: _Held) -> None:
         v = h.view
         h.version += 1
-        prio = self.rules.priority(v.session_id, v.agent_type)
+        rules = self.rules
+        prio = rules.priority(v.session_id, v.agent_type) if rules.agent_priorities else \
+            rules.priorities.get(v.session_id, 0.0)
         heapq.heappush(self._queue, (-prio, v.seq, h.version, v.future_id))
         mine = self._queued.get(v.session_id)
         if mine is None:
-            mine = self._queued[v.session_id] = set()
-        if v.future_id not in mine:
+            self._queued[v.session_id] = {v.future_id}
+            self._n_queued += 1
+        elif v.future_id not in mine:
             mine.add(v.future_id)
             self._n_queued += 1
 
@@ -251,22 +281,24 @@ class LocalController:
         """The next call to run, if a slot is free; the host runs it, then `finish`."""
         if not self.executes or len(self.running) >= self.slots:
             return None
-        while self._queue:
-            entry = heapq.heappop(self._queue)
-            if self._stale(entry):
-                continue
+        queue, held = self._queue, self.held
+        while queue:
+            _, _, version, fid = heapq.heappop(queue)
+            h = held.get(fid)
+            if h is None or h.version != version or h.view.status is not QUEUED:
+                continue  # stale: re-keyed, moved, or gone
             self._decay(now)
-            fid = entry[3]
-            h = self.held[fid]
             self._unqueue(h)
-            v = h.view
-            self._set(h, _with(v, RUNNING, _STARTED_AT, now))
+            fields = list(h.view)
+            fields[_STATUS], fields[_STARTED_AT] = RUNNING, now
+            self.views[fid] = h.view = v = tuple.__new__(FutureView, fields)
             self.running.add(fid)
             key = (v.session_id, v.agent_type)
             self._running_of[key] = self._running_of.get(key, 0) + 1
             waited = now - (v.queued_at if v.queued_at is not None else now)
-            self.mean_wait_s += EWMA * (waited - self.mean_wait_s)
-            return Started(h.view, dict(h.values))
+            self._started += 1
+            self.mean_wait_s += (EWMA if self._started > 1 else 1.0) * (waited - self.mean_wait_s)
+            return tuple.__new__(Started, (v, dict(h.values)))
         return None
 
     def has_startable(self) -> bool:
@@ -296,15 +328,19 @@ class LocalController:
         self._decay(now)
         h = self.held.pop(fid)
         del self.views[fid]
+        if self.index is not None:
+            self.index.set(self.id, len(self.held))
         self.running.discard(fid)
         v = h.view
-        self.done[fid] = _Done(value, ok, h.consumers, h.notes, v.session_id)
+        self.done[fid] = _Done(value, ok, h.consumers, h.notes)
+        self._record(v.session_id, fid)
         out: list[Message] = [Value(loc, fid, c, value, ok, hop)
                               for c, (loc, hop) in h.consumers.items()]
         out.append(Value(v.creator, fid, None, value, ok))
         self.completed += 1
-        if v.started_at is not None:
-            self.mean_service_s += EWMA * (now - v.started_at - self.mean_service_s)
+        if v.started_at is not None:  # the first sample sets the mean, not a fifth of it
+            weight = EWMA if self.completed > 1 else 1.0
+            self.mean_service_s += weight * (now - v.started_at - self.mean_service_s)
         key = (v.session_id, v.agent_type)
         self._running_of[key] -= 1
         if self.stateful and v.turn is not None:
@@ -352,11 +388,12 @@ class LocalController:
                                                         m.consumer, m.value, m.ok, m.hops))
         if m.dep not in h.missing:
             raise RuntimeError(f"{m.consumer} got the value of {m.dep} twice on {self.id}")
-        h.missing.discard(m.dep)
+        h.missing = h.missing - {m.dep}
         h.values[m.dep] = (m.value, m.ok)
         if h.view.status is MIGRATING:
             return self._try_finish_migration(h)
-        return self._maybe_ready(h, now)
+        self._maybe_ready(h, now)
+        return []
 
     def _pointer(self, fid: str) -> str:
         moved = self.moved.get(fid)
@@ -424,7 +461,7 @@ class LocalController:
         for fid in held:
             h = self.held.get(fid)
             if h is not None:
-                out += self._maybe_ready(h, now)
+                self._maybe_ready(h, now)
         return out
 
     def _begin_migration(self, h: _Held, destination: str) -> list[Message]:
@@ -438,8 +475,9 @@ class LocalController:
             waiting.remove(v.future_id)
         self._set(h, v._replace(status=MIGRATING))
         h.destination = destination
-        h.replies = set(h.missing)
-        return [Redirect(h.dep_at.get(dep, self.id), dep, v.future_id, destination, self.id,
+        h.replies = h.missing
+        dep_at = dict(h.dep_at)
+        return [Redirect(dep_at.get(dep, self.id), dep, v.future_id, destination, self.id,
                          v.hops + 1) for dep in h.missing] + self._try_finish_migration(h)
 
     def _redirect(self, m: Redirect, now: float) -> list[Message]:
@@ -462,9 +500,9 @@ class LocalController:
 
     def _redirect_reply(self, m: RedirectReply, now: float) -> list[Message]:
         h = self.held[m.consumer]  # a migrating call stays until every reply came back
-        h.replies.discard(m.dep)
+        h.replies = h.replies - {m.dep}
         if m.redirected and m.dep in h.missing:
-            h.redirected.add(m.dep)
+            h.redirected = h.redirected | {m.dep}
         return self._try_finish_migration(h)
 
     def _try_finish_migration(self, h: _Held) -> list[Message]:
@@ -473,13 +511,16 @@ class LocalController:
         v = h.view
         del self.held[v.future_id]
         del self.views[v.future_id]
+        if self.index is not None:
+            self.index.set(self.id, len(self.held))
         self.moved[v.future_id] = (h.destination, v.session_id, v.hops)
+        self._record(v.session_id, v.future_id)
         moved = v._replace(executor=h.destination, status=WAITING, queued_at=None,
                            hops=v.hops + 1)
         values: tuple[DepValue, ...] = tuple((d, val, ok) for d, (val, ok) in h.values.items())
         return [ExecutorChanged(v.creator, v.future_id, h.destination),
                 Transfer(h.destination, moved, values, tuple(h.missing),
-                         tuple(h.dep_at.items()), tuple(h.consumers.items()),
+                         h.dep_at, tuple(h.consumers.items()),
                          tuple(h.notes.items()))]
 
     # --- the view -----------------------------------------------------------------------
@@ -515,25 +556,28 @@ class LocalController:
             arrivals.popleft()
         return None
 
-    def forget_session(self, session_id: str) -> None:
-        """The session ended: drop what it left behind here."""
-        for table in (self.done, self.moved):
-            for fid in [f for f, rec in table.items() if _session_of(rec) == session_id]:
-                del table[fid]
+    def _record(self, session_id: str, fid: str) -> None:
+        mine = self._records.get(session_id)
+        if mine is None:
+            self._records[session_id] = [fid]
+        else:
+            mine.append(fid)
+
+    def forget_session(self, session_id: str, creations: Iterable[str] = ()) -> None:
+        """The session ended: drop what it left behind here, reading only its own
+        records (`creations`: its calls this controller created, as their creator).
+        Every call an instance holds is of its agent type, so the session's keyed
+        entries here are under that one key."""
+        for fid in self._records.pop(session_id, ()):
+            self.done.pop(fid, None)
+            self.moved.pop(fid, None)
+        for fid in creations:
+            self.results.pop(fid, None)
+            self.directory.pop(fid, None)
+        key = (session_id, self.agent_type)
         for keyed in (self.state, self._next_turn, self._parked, self._departed,
                       self._running_of):
-            for key in [k for k in keyed if k[0] == session_id]:
-                del keyed[key]
+            keyed.pop(key, None)
 
 
-def _with(v: FutureView, status: FutureStatus, at_index: int, at: float) -> FutureView:
-    """`v` with a new status and one timestamp: positional, several times faster than
-    NamedTuple._replace on the per-call path."""
-    fields = list(v)
-    fields[_STATUS] = status
-    fields[at_index] = at
-    return tuple.__new__(FutureView, fields)
 
-
-def _session_of(rec: _Done | tuple[str, str, int]) -> str:
-    return rec.session_id if isinstance(rec, _Done) else rec[1]

@@ -19,6 +19,8 @@ class RuleTable:
         self.routes: dict[tuple[str, str], str] = {}
         self.pins: dict[tuple[str, str], str] = {}  # stateful: set by the router, never moved
         self.weights: dict[str, tuple[tuple[str, ...], tuple[float, ...]]] = {}
+        # session -> the agent types it has keyed rules for, so forgetting it is no scan
+        self._keyed: dict[str, set[str]] = {}
 
     def priority(self, session_id: str, agent_type: str) -> float:
         if self.agent_priorities:
@@ -34,6 +36,7 @@ class RuleTable:
                 self.routes.pop((d.session_id, d.agent_type), None)
             else:
                 self.routes[(d.session_id, d.agent_type)] = d.instance_id
+                self._key(d.session_id, d.agent_type)
             return None
         if isinstance(d, WeightedRoute):
             self.weights[d.agent_type] = (d.instances, d.weights)
@@ -45,7 +48,20 @@ class RuleTable:
                 self.priorities[d.session_id] = d.value
         else:
             self.agent_priorities[(d.session_id, d.agent_type)] = d.value
+            self._key(d.session_id, d.agent_type)
         return d.session_id
+
+    def pin(self, session_id: str, agent_type: str, instance_id: str) -> None:
+        """A stateful agent's session stays on `instance_id` (the router's choice)."""
+        self.pins[(session_id, agent_type)] = instance_id
+        self._key(session_id, agent_type)
+
+    def _key(self, session_id: str, agent_type: str) -> None:
+        mine = self._keyed.get(session_id)
+        if mine is None:
+            self._keyed[session_id] = {agent_type}
+        else:
+            mine.add(agent_type)
 
     def weighted(self, agent_type: str, usable: Callable[[str], bool],
                  load: Callable[[str], int]) -> str | None:
@@ -66,9 +82,10 @@ class RuleTable:
 
     def forget_session(self, session_id: str) -> None:
         self.priorities.pop(session_id, None)
-        for table in (self.agent_priorities, self.routes, self.pins):
-            for key in [k for k in table if k[0] == session_id]:
-                del table[key]
+        for agent_type in self._keyed.pop(session_id, ()):
+            key = (session_id, agent_type)
+            for table in (self.agent_priorities, self.routes, self.pins):
+                table.pop(key, None)
 
     def forget_instance(self, instance_id: str) -> None:
         for key in [k for k, v in self.routes.items() if v == instance_id]:

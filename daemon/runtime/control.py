@@ -152,9 +152,7 @@ def parse_view(wire: WireView) -> ControlView:
                    for f in wire.futures]
     except ValueError as exc:
         raise ValueError(f"view: {exc}") from None
-    # Directives types `preemptable` as str | None; the explicit False (not preemptable)
-    # passes through unchanged for directives.py.
-    agents = {n: Directives(d.stateful, d.batchable, d.preemptable,  # type: ignore[arg-type]
+    agents = {n: Directives(d.stateful, d.batchable, d.preemptable,
                             d.min_instances, d.max_instances, d.resources)
               for n, d in wire.agents.items()}
     r = wire.rules

@@ -40,8 +40,7 @@ def instance_program(run_program: str, instance_id: str) -> str:
 
 
 def not_preemptable(d: Directives) -> bool:
-    # the SDK types `preemptable` as a method name or None; False is the explicit "no"
-    return d.preemptable is False  # type: ignore[comparison-overlap]
+    return d.preemptable is False  # None: the default (preemptable); a str: its method
 
 
 @dataclass

@@ -1,11 +1,14 @@
 """Head-of-line migration: a call waiting behind a busy instance moves to an idle one
 of the same agent (NALAR Fig. 6, for every session rather than one).
 
-Per idle instance, at most one call per step, from the instance whose queue has waited
+Per idle instance (nothing queued, a slot free; those with no call waiting for a
+dependency first), at most one call per step, from the instance whose queue has waited
 longest: its highest-priority queued call, and of those the one furthest back (it
 would wait longest, and it is the least likely to have started by the time the
 decision lands: views are a moment old). A session with an installed route (state kept
-on its instance) moves whole, state and all.
+on its instance) moves whole, state and all. An instance whose calls all wait for
+dependencies is idle too: an agent whose every call fans out first (an analyst
+waiting on its sub-agents) would otherwise never have anywhere to move to.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ class HeadOfLineMigration(ControlPolicy):
         for agent in view.agent_types():
             if view.directives(agent).stateful:
                 continue
-            idle = [i for i in view.instances_of(agent) if i.idle and not i.waiting]
+            idle = sorted((i for i in view.instances_of(agent) if i.idle),
+                          key=lambda i: i.waiting)
             for dst, src in zip(idle, _blocked(view, agent, now), strict=False):
                 f = self._head(view, src.instance_id, agent)
                 whole = (f.session_id, agent) in view.rules.routes

@@ -1,61 +1,104 @@
-"""Resource reassignment: instances go from agents with little work to agents with a
-backlog, within each agent's min/max_instances and an optional total budget.
+"""Resource reassignment: instances go from agents with little work waiting to agents
+with a backlog, within each agent's min/max_instances and an optional total budget.
 
-An agent is hot when it holds more than `hot_load` calls per instance it has (serving
-or still starting: capacity on its way counts, so one burst does not provision twice).
-It can spare an instance when nothing of it is queued, it has more than min_instances,
-and over the last ~30 s it left at least `spare` instances' worth of capacity unused
-(instances minus their summed utilisation): an agent idle for a moment, or one whose
-new instance has no history yet, keeps it. Each step provisions one instance for the
-hottest agent, killing an idle instance of the agent with the most to spare first when
-the budget is used up.
+An agent's expected wait is the work it holds (its calls, queued, waiting or running,
+times its mean service time) per instance it has, serving or still starting (capacity
+on its way counts, so that one burst does not provision twice). Each step the agent
+with the longest wait gets one more instance, if even with it each instance would
+hold at least `min_gain_s` of work: a new one while under the budget, else one taken
+from the agent that would then wait least, if that agent would still wait
+`min_gain_s` less than the receiver (so the next step does not move it back), has
+more than its min_instances, and over the last ~30 s left at least `spare` instances'
+worth of capacity unused (instances minus their summed utilisation): with one fewer it
+still carries what it has been asked to carry. A backlog alone is no reason to give:
+when every agent is busy a move only trades one queue for another and loses an
+instance's time to the drain and the load. The donor's least-loaded instance holding
+no session state is killed: it drains (its queued calls move to its siblings, its
+running ones finish) and its resources go to the new one.
 """
 
 from __future__ import annotations
 
-from scheduling.control import ControlDecision, ControlPolicy, ControlView, kill, provision
+from typing import NamedTuple
+
+from scheduling.control import (
+    ControlDecision,
+    ControlPolicy,
+    ControlView,
+    InstanceView,
+    kill,
+    provision,
+)
+
+DEFAULT_SERVICE_S = 1.0  # an agent type nobody has timed yet
+
+
+class _Agent(NamedTuple):
+    name: str
+    work_s: float  # its calls times its mean service time
+    instances: int  # provisioned: serving or starting
+
+    def wait_s(self, delta: int = 0) -> float:
+        n = self.instances + delta
+        return self.work_s / n if n > 0 else float("inf")
 
 
 class ResourceReassignment(ControlPolicy):
     name = "reassign"
 
-    def __init__(self, hot_load: float = 2.0, budget: int | None = None,
-                 spare: float = 1.5) -> None:
-        self.hot_load = hot_load
+    def __init__(self, budget: int | None = None, min_gain_s: float = 5.0,
+                 spare: float = 1.0) -> None:
         self.budget = budget
+        self.min_gain_s = min_gain_s
         self.spare = spare
 
     def decide(self, view: ControlView, now: float) -> list[ControlDecision]:
-        per: dict[str, float] = {}
-        for agent in view.agent_types():
-            held = view.provisioned(agent)
-            if held:
-                per[agent] = sum(i.load for i in held) / len(held)
-        hot = [a for a in sorted(per, key=per.__getitem__, reverse=True)
-               if per[a] > self.hot_load
-               and len(view.provisioned(a)) < view.directives(a).max_instances]
-        if not hot:
+        agents = _agents(view)
+        if not agents:
             return []
-        total = sum(len(view.provisioned(a)) for a in per)
-        if self.budget is None or total < self.budget:
-            return [provision(hot[0], reason=f"backlog {per[hot[0]]:.1f} per instance")]
-        victim = self._idle_spare(view, exclude=hot[0])
-        if victim is None:
+        hot = max(agents, key=lambda a: a.wait_s())
+        if hot.instances >= view.directives(hot.name).max_instances or \
+                hot.wait_s(1) < self.min_gain_s:
             return []
-        return [kill(victim, reason=f"idle; reassigned to {hot[0]}"),
-                provision(hot[0], reason=f"backlog {per[hot[0]]:.1f} per instance")]
+        why = f"{hot.wait_s():.1f} s of work per instance"
+        if self.budget is None or sum(a.instances for a in agents) < self.budget:
+            return [provision(hot.name, reason=why)]
+        donor = self._donor(view, agents, hot)
+        if donor is None:
+            return []
+        return [kill(donor, reason=f"reassigned to {hot.name}"), provision(hot.name, reason=why)]
 
-    def _idle_spare(self, view: ControlView, exclude: str) -> str | None:
-        spare: list[tuple[float, str]] = []
-        pinned = set(view.rules.pins.values())
-        for agent in view.agent_types():
-            alive = view.instances_of(agent)
-            if agent == exclude or len(alive) <= max(1, view.directives(agent).min_instances):
+    def _donor(self, view: ControlView, agents: list[_Agent], hot: _Agent) -> str | None:
+        # an instance holding a session's state (a pin or a route) is not for taking
+        held = set(view.rules.pins.values()) | set(view.rules.routes.values())
+        best: tuple[float, str] | None = None
+        for a in agents:
+            if a is hot or a.instances <= max(1, view.directives(a.name).min_instances):
                 continue
-            unused = len(alive) - sum(i.utilisation for i in alive)
-            if any(i.queued for i in alive) or unused < self.spare:
+            after = a.wait_s(-1)
+            if after + self.min_gain_s > hot.wait_s(1) or (best and after >= best[0]):
                 continue
-            idle = [i.instance_id for i in alive if i.load == 0 and i.instance_id not in pinned]
-            if idle:
-                spare.append((-unused, idle[-1]))
-        return min(spare)[1] if spare else None
+            alive = view.instances_of(a.name)
+            if len(alive) - sum(i.utilisation for i in alive) < self.spare:
+                continue
+            free = [i for i in alive if i.instance_id not in held]
+            if free:
+                best = (after, min(free, key=lambda i: (i.load, i.running)).instance_id)
+        return best[1] if best else None
+
+
+def _agents(view: ControlView) -> list[_Agent]:
+    by_type = {t: view.provisioned(t) for t in view.agent_types()}
+    by_type = {t: held for t, held in by_type.items() if held}
+    timed = {t: s for t, held in by_type.items() if (s := _service_s(held)) is not None}
+    fallback = sum(timed.values()) / len(timed) if timed else DEFAULT_SERVICE_S
+    return [_Agent(t, sum(i.load for i in held) * timed.get(t, fallback), len(held))
+            for t, held in by_type.items()]
+
+
+def _service_s(instances: list[InstanceView]) -> float | None:
+    """Mean service time over the instances that have completed calls."""
+    timed = [(i.mean_service_s, i.completed) for i in instances if i.completed]
+    if not timed:
+        return None
+    return sum(s for s, _ in timed) / len(timed)

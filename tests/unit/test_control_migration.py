@@ -5,6 +5,8 @@ Whatever the schedule: every call runs exactly once, with exactly its dependenci
 values; every call finishes and its value reaches its creator; nothing is left stashed
 or in flight; a routed session's state is used by its calls one after another, never
 lost or forked; a stateful agent runs a session's calls on one instance in call order.
+After every step the least-loaded index agrees with the controllers' loads; once the
+sessions are forgotten nothing of them is left anywhere.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from scheduling.control import (
     DRIVER,
     Directives,
     FutureStatus,
+    InstanceState,
     Kill,
     Migrate,
     Provision,
@@ -67,6 +70,18 @@ class World:
 
     def do(self, op: str, a: int, b: int, k: int) -> None:
         getattr(self, f"op_{op}")(a, b, k)
+        self.check_index()
+
+    def check_index(self) -> None:
+        """Placement's index holds exactly the ACTIVE instances, at their loads."""
+        for agent, cs in self.c.by_type.items():
+            index = self.c._index[agent]
+            active = {c.id: len(c.held) for c in cs if c.state_ is InstanceState.ACTIVE}
+            assert {i: index._load[i] for i in active} == active and len(index) == len(active)
+            least = index.least()
+            assert (least is None) == (not active)
+            if least is not None:
+                assert least[1] == min(active.values()) == active[least[0]]
 
     def op_create(self, a: int, b: int, k: int) -> None:
         agent, session = ("A", "B", "S")[a % 3], SESSIONS[b % 3]
@@ -201,6 +216,23 @@ class World:
                    if s == session and t == "S"}
             assert len(ran) == 1, f"stateful session {session} ran on {ran}"
 
+    def check_forgotten(self) -> None:
+        """Forgetting every session (all have ended) leaves no record of any."""
+        for session in SESSIONS:
+            self.c.forget_session(session)
+        c = self.c
+        assert not (c._meta or c._calls or c._visited or c._tally or c._turns or c._attempts)
+        rules = c.rules
+        assert not (rules.routes or rules.pins or rules.priorities or rules.agent_priorities
+                    or rules._keyed)
+        for ctl in c.controllers.values():
+            left = {name: table for name, table in (
+                ("done", ctl.done), ("moved", ctl.moved), ("results", ctl.results),
+                ("directory", ctl.directory), ("records", ctl._records), ("state", ctl.state),
+                ("turns", ctl._next_turn), ("parked", ctl._parked),
+                ("departed", ctl._departed), ("running_of", ctl._running_of)) if table}
+            assert not left, (ctl.id, left)
+
 
 op = st.tuples(st.sampled_from(OPS), st.integers(0, 999), st.integers(0, 999),
                st.integers(0, 999))
@@ -214,6 +246,7 @@ def test_random_schedules_never_run_twice_or_lose_a_call(ops: list[Any], seed: i
         w.do(name, a, b, k)
     w.drain(random.Random(seed))
     w.check()
+    w.check_forgotten()
 
 
 def test_migrations_actually_happen_in_random_schedules() -> None:
@@ -232,6 +265,7 @@ def test_migrations_actually_happen_in_random_schedules() -> None:
         migrated += sum(e["event"] == "future.migrated" for e in w.c.take_events())
         forwarded += sum(c.forwarded for c in w.c.controllers.values())
         seen += w.delivered
+        w.check_forgotten()
     assert migrated > 200 and forwarded > 0
     assert seen["RedirectReply:True"] > 20 and seen["RedirectReply:False"] > 0
     assert seen["StateTransfer:True"] > 0

@@ -14,6 +14,7 @@ from scheduling.control import (
     Kill,
     Migrate,
     Provision,
+    Route,
     SetPriority,
     WeightedRoute,
 )
@@ -84,26 +85,55 @@ def test_head_of_line_migration_moves_the_head_to_an_idle_instance() -> None:
     assert HeadOfLineMigration().decide(c.view(), 3.0) == []  # nobody idle any more
 
 
-def test_reassignment_moves_an_instance_from_idle_to_backlogged_agents() -> None:
+def _backlog(c: Cluster, agent: str, n: int, service_s: float, now: float) -> None:
+    """`n` calls of `agent` queued, after one of that agent's calls took `service_s`."""
+    inst = c.alive(agent)[0].id
+    c.create(f"{agent}@{now}", f"{agent}-t", agent, now - service_s - 1)
+    started = c.start_next(inst, now - service_s)
+    assert started is not None
+    c.finish(inst, started.future.future_id, None, True, now)
+    for i in range(n):
+        c.create(f"{agent}@{now}.{i}", f"{agent}-s{i}", agent, now)
+
+
+def test_reassignment_levels_the_work_per_instance() -> None:
     agents = {"chat": Directives(min_instances=1, max_instances=4),
               "code": Directives(min_instances=1, max_instances=4)}
     c = Cluster(agents)
     for agent in ("chat", "chat", "code"):
         c.add_instance(agent, now=0.0)
-    for i in range(6):
-        c.create(f"k{i}", f"s{i}", "code", 0.0)
-    policy = ResourceReassignment(hot_load=2.0, budget=3)
-    # a new instance counts as used until it has a history: nothing to take yet
+    _backlog(c, "code", 12, 2.0, 1.0)  # 24 s of work on one instance
+    policy = ResourceReassignment(budget=3, min_gain_s=5.0)
+    # chat's instances are new: they count as fully used, so chat has nothing to spare
     assert policy.decide(c.view(1.0), 1.0) == []
-    decisions = policy.decide(c.view(60.0), 60.0)  # chat idle for a minute
+    decisions = policy.decide(c.view(90.0), 90.0)  # chat idle for a minute and a half
     assert [type(d) for d in decisions] == [Kill, Provision]
-    assert decisions[0] == Kill("chat#1", "idle; reassigned to code")
-    c.apply(decisions, 0.0)
-    assert len(c.alive("code")) == 2 and len(c.alive("chat")) == 1
-    # chat is at its min now: nothing more to take
-    assert policy.decide(c.view(), 1.0) == []
-    unbounded = ResourceReassignment(hot_load=2.0).decide(c.view(), 1.0)
+    assert isinstance(decisions[0], Kill) and decisions[0].instance_id.startswith("chat#")
+    assert decisions[1] == Provision("code", None, "24.0 s of work per instance")
+    c.apply(decisions, 90.0)
+    assert len(c.alive("chat")) == 1 and len(c.alive("code")) == 2
+    # chat is at its min now: nothing more to take; unbounded, code just grows
+    assert policy.decide(c.view(90.0), 90.0) == []
+    unbounded = ResourceReassignment(min_gain_s=5.0).decide(c.view(90.0), 90.0)
     assert [type(d) for d in unbounded] == [Provision]
+
+
+def test_reassignment_needs_a_clear_difference_and_spares_state() -> None:
+    agents = {"chat": Directives(min_instances=1, max_instances=4),
+              "code": Directives(min_instances=1, max_instances=4)}
+    c = Cluster(agents)
+    for agent in ("chat", "chat", "code"):
+        c.add_instance(agent, now=0.0)
+    _backlog(c, "code", 4, 2.0, 1.0)  # 8 s on one instance, 4 s each with a second
+    policy = ResourceReassignment(budget=3, min_gain_s=5.0)
+    assert policy.decide(c.view(90.0), 90.0) == []  # a move would not gain a cold start
+    _backlog(c, "code", 20, 2.0, 91.0)
+    # both chat instances hold a session's state (routes): neither is for taking
+    c.apply([Route("chat", "chat#0", "x"), Route("chat", "chat#1", "y")], 91.0)
+    assert policy.decide(c.view(91.0), 91.0) == []
+    c.apply([Route("chat", None, "y")], 91.0)
+    decisions = policy.decide(c.view(91.0), 91.0)
+    assert decisions and decisions[0] == Kill("chat#1", "reassigned to code")
 
 
 def test_default_policy_runs_all_three_through_the_global_controller() -> None:
@@ -111,7 +141,7 @@ def test_default_policy_runs_all_three_through_the_global_controller() -> None:
     c.add_instance("W")
     c.add_instance("W")
     c.apply([WeightedRoute("W", ("W#0",), (1.0,))], 0.0)
-    for i in range(8):
+    for i in range(40):  # ~13 s of work per instance even with a third: worth a new one
         c.create(f"f{i}", f"s{i}", "W", 0.0)
     c.start_next("W#0", 0.0)
     step = GlobalController(make_control_policy("nalar-default")).step(c.view(), 1.0)

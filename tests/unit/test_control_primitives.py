@@ -201,8 +201,8 @@ def test_view_carries_metadata_and_metrics() -> None:
     # the cluster's running per-session tally matches a recount from the futures
     assert view.sessions == ControlView(view.futures, (), {}).sessions
     assert view.sessions["s"].live == 2 and view.sessions["s"].max_attempt == 1
-    c.finish("W#0", "f0", "v", True, 3.0)
-    assert c.view().instances_of("W")[0].mean_service_s == pytest.approx(0.2)
+    c.finish("W#0", "f0", "v", True, 3.0)  # the first sample sets the mean
+    assert c.view().instances_of("W")[0].mean_service_s == pytest.approx(1.0)
 
 
 CONTROL_MODULES = sorted(Path(__file__).resolve().parents[2].glob("scheduling/control*.py")) + \
