@@ -11,17 +11,19 @@ modelled speed a worker's batch finishes together and dispatches come in bursts 
 step apart). First a phase without swaps (the baseline), then `--rounds` rounds; each
 round, for each layer (kv, ordering, meta, admission), stores a new version of an
 operator policy, alternating between two valid sources (bench/policy_swap_sources.py),
-activates it and reads it back.
+activates it and reads it back, sends a control request, and rolls it back.
 
 What is measured:
 - store: PUT /v1/policies/NAME (validated against the live snapshot) until it answers.
 - activate: from sending POST /v1/policies/NAME/activate until a read shows the version
   active: GET /v1/policies (the store) and, for the SLO layers, GET /v1/scheduling (the
   layer's guard in the daemon). `swap_us` is the daemon's own time for the swap itself.
+- rollback: POST /v1/policies/NAME/rollback (the version before it runs again) until it
+  answers.
 - dispatch stalls: every request's `dispatched_at` (the daemon's time.time() when it
   sent the request to a worker; GET /v1/programs/ID lists them), sorted over all
-  programs. For each window (the store request, the activate request from sending to
-  its answer, and a control request, GET /healthz, sent the same way after each swap)
+  programs. For each window (the store, activate and rollback requests from sending to
+  their answers, and a control request, GET /healthz, sent the same way after each swap)
   the longest gap between consecutive dispatches that overlaps it; and for windows of
   the activate windows' lengths laid at random over the phase without swaps (the
   baseline; bench/policy_swap_report.py). The control shows what any request to the
@@ -32,14 +34,15 @@ What is measured:
   (/proc/PID/task/PID/schedstat), in the baseline and the swap phase, to tell a stall
   caused by the daemon from one caused by a busy machine; and, after the load stopped
   (the SLO views still hold its last 60 s), the loop thread's CPU time while it serves
-  one store, one activate and one control request, per layer.
-- loop hold: in the daemon, each store and activate call of the registry is driven
-  step by step (bench/daemon_probe/sitecustomize.py, on the daemon's PYTHONPATH; it
-  only measures). A step is a stretch the call runs on the event loop without awaiting,
-  so nothing else (no dispatch) can run; the longest step is the stall the swap itself
-  causes, counted in wall time, in CPU time, and in wall time less garbage collection.
+  one store, one activate, one rollback and one control request, per layer.
+- loop hold: the daemon's own measure, in each store, activate and rollback answer
+  (`loop_hold`, daemon/policies/loop_hold.py): the longest stretch the call ran on the
+  event loop without awaiting, so that nothing else (no dispatch) could run; the stall
+  the change itself causes, in wall time, and in wall and CPU time less garbage
+  collection.
 - the daemon's own scheduling ticks (SLO and KV), which hold the loop with or without
-  swaps (the same probe).
+  swaps (bench/daemon_probe/sitecustomize.py, on the daemon's PYTHONPATH; it only
+  measures).
 - garbage collection: every collection of 1 ms or more in the daemon and its workers
   (the same probe), so that a dispatch gap can be told to hold a collection.
 - failed requests: client errors, non-finished answers and requests not `finished`.
@@ -60,6 +63,7 @@ import httpx
 
 from bench.common import RESULTS, log
 from bench.policy_swap_analysis import (
+    CALLS,
     curves,
     gc_summary,
     loop_hold,
@@ -113,16 +117,16 @@ def _wait_active(c: httpx.Client, layer: str, name: str, version: int) -> str | 
         time.sleep(0.001)
 
 
-def _timed(request: Any) -> tuple[tuple[float, float], httpx.Response]:
+def _timed(request: Any) -> tuple[tuple[float, float], Any]:
     start = time.time()
     response = request()
     return (start, time.time()), response
 
 
 def swap_once(c: httpx.Client, layer: str, variant: int, pause_s: float) -> dict[str, Any]:
-    """Store, activate and read back one version; then one control request."""
+    """Store, activate and read back one version; one control request; roll it back."""
     name, sources = SOURCES[layer]
-    put, r = _timed(lambda: c.put(f"/v1/policies/{name}", json={
+    store, r = _timed(lambda: c.put(f"/v1/policies/{name}", json={
         "layer": layer, "source": sources[variant]}))
     stored = _checked(r, 201, f"store {name}")
     if not stored["validation"]["ok"]:
@@ -142,10 +146,28 @@ def swap_once(c: httpx.Client, layer: str, variant: int, pause_s: float) -> dict
     time.sleep(pause_s)
     control, r = _timed(lambda: c.get("/healthz"))
     _checked(r, 200, "healthz")
-    return {"layer": layer, "version": version, "put": put, "activate": activate,
-            "control": control, "put_ms": 1000 * (put[1] - put[0]),
-            "activate_ms": activate_ms, "answer_ms": 1000 * (activate[1] - activate[0]),
-            "swap_us": float(answer["swap_us"]), "not_active": instead}
+    time.sleep(pause_s)
+    rollback, undone = _timed(lambda: _rollback(c, name))
+    return {"layer": layer, "version": version, "store": store, "activate": activate,
+            "control": control, "rollback": rollback, "store_ms": _ms(store),
+            "activate_ms": activate_ms, "answer_ms": _ms(activate), "rollback_ms": _ms(rollback),
+            "swap_us": float(answer["swap_us"]), "not_active": instead,
+            "rolled_back": undone is not None,
+            "hold": {"store": stored["loop_hold"], "activate": answer["loop_hold"],
+                     "rollback": undone["loop_hold"] if undone is not None else None}}
+
+
+def _rollback(c: httpx.Client, name: str) -> dict[str, Any] | None:
+    """The rollback's answer; None when the meta loop has switched the ordering policy
+    since the activation, leaving nothing to roll back."""
+    r = c.post(f"/v1/policies/{name}/rollback")
+    if r.status_code == 409 and r.json()["error"]["code"] == "not_active":
+        return None
+    return _checked(r, 200, f"rollback {name}")
+
+
+def _ms(window: tuple[float, float]) -> float:
+    return 1000 * (window[1] - window[0])
 
 
 def dispatch_times(c: httpx.Client, programs: list[str]) -> tuple[list[float], dict[str, int]]:
@@ -163,7 +185,8 @@ def dispatch_times(c: httpx.Client, programs: list[str]) -> tuple[list[float], d
 
 
 def trace_summary(c: httpx.Client) -> dict[str, Any]:
-    """Daemon-level scheduling events by kind, and every rollback with its reason."""
+    """Daemon-level scheduling events by kind, and every rollback but the benchmark's own
+    (a failing version, the meta loop's guard) with its reason."""
     counts: dict[str, int] = {}
     rollbacks: list[dict[str, Any]] = []
     after = 0
@@ -173,7 +196,8 @@ def trace_summary(c: httpx.Client) -> dict[str, Any]:
         for e in page["data"]:
             key = e["kind"] + (":startup" if e["data"].get("by") == "startup" else "")
             counts[key] = counts.get(key, 0) + 1
-            if e["kind"] in ("policy.rolled_back", "ordering.rollback"):
+            if e["kind"] in ("policy.rolled_back", "ordering.rollback") and not str(
+                    e["data"].get("reason", "")).startswith("operator rollback"):
                 rollbacks.append({"ts": e["ts"], "kind": e["kind"], **e["data"]})
         if page["next_after"] is None:
             return {"events": counts, "rollbacks": rollbacks}
@@ -197,10 +221,12 @@ def _cpu_shares(a: tuple[float, float, float], b: tuple[float, float, float]) ->
 
 def loop_cost(c: httpx.Client, pid: int, repeats: int, first_variant: int) -> dict[str, Any]:
     """CPU ms of the daemon's event-loop thread while it serves each request, with no
-    traffic: store, activate (without the read back) and the control, per layer."""
+    traffic: store, activate (without the read back), rollback and the control, per
+    layer."""
     out: dict[str, Any] = {}
     for layer, (name, sources) in SOURCES.items():
-        spent: dict[str, list[float]] = {"store": [], "activate": [], "control": []}
+        spent: dict[str, list[float]] = {"store": [], "activate": [], "rollback": [],
+                                         "control": []}
         for k in range(repeats):
             marks = [_schedstat(pid)[0]]
             r = c.put(f"/v1/policies/{name}", json={
@@ -209,6 +235,8 @@ def loop_cost(c: httpx.Client, pid: int, repeats: int, first_variant: int) -> di
             marks.append(_schedstat(pid)[0])
             _checked(c.post(f"/v1/policies/{name}/activate", json={"version": version}),
                      200, f"activate {name}")
+            marks.append(_schedstat(pid)[0])
+            _rollback(c, name)
             marks.append(_schedstat(pid)[0])
             _checked(c.get("/healthz"), 200, "healthz")
             marks.append(_schedstat(pid)[0])
@@ -229,6 +257,7 @@ def drive(d: DaemonProcess, args: argparse.Namespace) -> dict[str, Any]:
         return (time.time(), *_schedstat(pid))
 
     swaps: list[dict[str, Any]] = []
+    windows: list[int] = []  # completions in the SLO long window after each round
     with Load(d.url, d.token, args.concurrency) as load:
         time.sleep(args.warmup_s)
         m0 = mark()
@@ -240,15 +269,19 @@ def drive(d: DaemonProcess, args: argparse.Namespace) -> dict[str, Any]:
                 swaps.append(swap_once(c, layer, n % 2, args.pause_s))
                 time.sleep(args.pause_s)
             last = swaps[-len(SOURCES):]
+            windows.append(int(_checked(c.get("/v1/scheduling"), 200, "scheduling status")[
+                "window"]["completions"]))
             log(f"round {n + 1}/{args.rounds}: " + "  ".join(
-                f"{s['layer']} v{s['version']} {s['activate_ms']:.1f} ms" for s in last))
+                f"{s['layer']} v{s['version']} {s['activate_ms']:.1f} ms" for s in last)
+                + f"; {windows[-1]} completions in the long window")
         m2 = mark()
         time.sleep(1.0)
     log(f"load: {load.result.sent} sent, {load.result.ok} ok, "
         f"{len(load.result.errors)} failed; the loop thread's CPU per request, no traffic")
     cost = loop_cost(c, pid, args.cost_repeats, args.rounds % 2)
     dispatches, statuses = dispatch_times(c, load.result.programs)
-    return {"swaps": swaps, "base": (m0[0], m1[0]), "swap_phase": (m1[0], m2[0]),
+    return {"swaps": swaps, "windows": windows, "base": (m0[0], m1[0]),
+            "swap_phase": (m1[0], m2[0]),
             "load": load.result, "dispatches": dispatches, "statuses": statuses,
             "trace": trace_summary(c), "loop_cpu_ms_per_request": cost,
             "loop_thread": {"baseline": _cpu_shares(m0, m1), "swap_phase": _cpu_shares(m1, m2)}}
@@ -259,8 +292,7 @@ def report(run: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     d, base, phase = run["dispatches"], run["base"], run["swap_phase"]
     not_finished = sum(n for s, n in run["statuses"].items() if s != "finished")
     overall = stalls(run, run["swaps"])
-    names = {name for name, _ in SOURCES.values()}
-    hold = {call: loop_hold(run, call, names) for call in ("activate", "put")}
+    hold = {call: loop_hold(run["swaps"], call) for call in CALLS}
     act, ctl = overall["stall_during_activate"], overall["stall_during_control"]
     return {
         "benchmark": "policy_swap", "workers": 2,
@@ -272,7 +304,9 @@ def report(run: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "load": {"sent": load.sent, "ok": load.ok, "failed": len(load.errors),
                  "errors": load.errors[:5], "requests_by_status": run["statuses"],
                  "not_finished": not_finished,
-                 "dispatches_per_s": round(len(d) / max(1e-9, d[-1] - d[0]), 1) if d else 0},
+                 "dispatches_per_s": round(len(d) / max(1e-9, d[-1] - d[0]), 1) if d else 0,
+                 # what a meta policy's live snapshot walks (the long view)
+                 "long_window_completions": summary(run["windows"], 0)},
         "daemon_loop_thread": run["loop_thread"],
         "loop_cpu_ms_per_request": run["loop_cpu_ms_per_request"],
         "garbage_collections": gc_summary(run),
@@ -280,20 +314,16 @@ def report(run: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "dispatch_gaps_ms": {
             "baseline": summary([1000 * g for g in gaps_between(d, *base)], 3),
             "swap_phase": summary([1000 * g for g in gaps_between(d, *phase)], 3)},
-        "all_layers": {**overall, "loop_hold_activate": hold["activate"],
-                       "loop_hold_store": hold["put"]},
+        "all_layers": {**overall, **{f"loop_hold_{call}": h for call, h in hold.items()}},
         "layers": per_layer(run), "trace": run["trace"],
         "verdict": {
             "failed_requests": len(load.errors) + not_finished,
-            "rollbacks": len(run["trace"]["rollbacks"]),
+            "unplanned_rollbacks": len(run["trace"]["rollbacks"]),
             "swaps_not_confirmed": sum(s["not_active"] is not None for s in run["swaps"]),
-            "longest_loop_hold_activate_ms": hold["activate"]["wall_ms"]["max"],
-            "longest_loop_hold_activate_less_gc_ms": hold["activate"]["wall_less_gc_ms"]["max"],
-            "longest_loop_hold_activate_cpu_less_gc_ms": hold["activate"]["cpu_less_gc_ms"][
-                "max"],
-            "longest_loop_hold_store_cpu_less_gc_ms": hold["put"]["cpu_less_gc_ms"]["max"],
-            "activations_holding_the_loop_over_10ms": {
-                k: hold["activate"][f"over_10ms_{k}"] for k in ("wall_less_gc", "cpu_less_gc")},
+            "longest_loop_hold_ms": {call: {k: h[f"{k}_ms"]["max"] for k in (
+                "wall", "wall_less_gc", "cpu_less_gc")} for call, h in hold.items()},
+            "calls_holding_the_loop_over_10ms": {call: {k: h[f"over_10ms_{k}"] for k in (
+                "wall_less_gc", "cpu_less_gc")} for call, h in hold.items()},
             "worst_activate_stall_ms": act["stall_ms"]["max"],
             "worst_activate_stall_ms_no_gc": act["stall_ms_no_gc"]["max"],
             "activations_over_10ms": act["over_10ms"],
@@ -310,21 +340,27 @@ def _cells(stats: dict[str, float], keys: tuple[str, ...] = ("p50", "p99", "max"
 
 
 def _table(out: dict[str, Any]) -> None:
-    """One line per layer (ms): latencies; the longest stretch an activation held the
-    event loop (CPU less GC); dispatch stalls of GC-free windows: activate, control,
-    baseline."""
-    log(f"{'layer':<10} {'activate':>12} {'store':>11} | {'loop hold CPU':>16} | stall no-GC "
-        f"p50/p99/max: {'activate':>16} {'control':>16} {'baseline':>16}")
+    """Per layer (ms): request latencies p50/p99 (activate: until a read shows it active);
+    the longest stretch each call held the event loop, CPU less GC, p99/max; dispatch
+    stalls of GC-free windows p50/p99/max: activate, control, baseline."""
+    log(f"{'layer':<10} {'activate':>11} {'store':>10} {'rollback':>10} | loop hold CPU "
+        f"p99/max: {'store':>10} {'activate':>10} {'rollback':>10} | stall no-GC: "
+        f"{'activate':>15} {'control':>15} {'baseline':>15}")
     for layer, s in {**out["layers"], "all": out["all_layers"]}.items():
-        lat = (f"{_cells(s['activate_ms'], ('p50', 'p99')):>12} "
-               f"{_cells(s['put_ms'], ('p50', 'p99')):>11}") if "put_ms" in s else " " * 24
+        lat = " ".join(f"{_cells(s[f'{k}_ms'], ('p50', 'p99')):>{w}}" for k, w in (
+            ("activate", 11), ("store", 10), ("rollback", 10))) if "store_ms" in s else " " * 33
+        holds = " ".join(f"{_cells(s[f'loop_hold_{c}']['cpu_less_gc_ms'], ('p99', 'max')):>10}"
+                         for c in CALLS)
         act, ctl = s["stall_during_activate"], s["stall_during_control"]
-        log(f"{layer:<10} {lat} | {_cells(s['loop_hold_activate']['cpu_less_gc_ms']):>16} | "
-            f"{'':>23}{_cells(act['stall_ms_no_gc']):>16} {_cells(ctl['stall_ms_no_gc']):>16} "
-            f"{_cells(act['baseline_stall_ms_no_gc']):>16}")
-    log("event-loop CPU per request, no traffic, min/p50 ms: " + "  ".join(
-        f"{layer}: store {v['store']['min']}/{v['store']['p50']} activate "
-        f"{v['activate']['min']}/{v['activate']['p50']} control {v['control']['min']}"
+        log(f"{layer:<10} {lat} | {'':>21}{holds} | {'':>13}"
+            f"{_cells(act['stall_ms_no_gc']):>15} {_cells(ctl['stall_ms_no_gc']):>15} "
+            f"{_cells(act['baseline_stall_ms_no_gc']):>15}")
+    load = out["load"]
+    log(f"load: {load['dispatches_per_s']} dispatches/s, {load['failed']} failed; completions "
+        f"in the SLO long window (the meta snapshot) p50/max: "
+        f"{load['long_window_completions']['p50']:.0f}/{load['long_window_completions']['max']:.0f}")
+    log("event-loop CPU per request, no traffic, p50 ms: " + "  ".join(
+        f"{layer}: " + " ".join(f"{k} {v[k]['p50']}" for k in v)
         for layer, v in out["loop_cpu_ms_per_request"].items()))
     log("the daemon's own ticks (ms, less GC, p50/p99/max): " + "  ".join(
         f"{kind} {_cells(t['wall_less_gc_ms'])} ({t['over_1ms']} over 1 ms)"
@@ -357,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             run = drive(d, args)
         finally:
             d.stop()
-        run["collections"], run["calls"], run["ticks"] = read_probe(probe)
+        run["collections"], run["ticks"] = read_probe(probe)
     out = report(run, args)
     plot(out["layers"], curves(run), args.out.with_suffix(".png"))
     args.out.write_text(json.dumps(out, indent=2) + "\n")

@@ -1,6 +1,6 @@
 """The swap benchmark's figures from one run (bench/policy_swap.py): dispatch stalls per
-window kind, the event-loop hold of each registry call, the daemon's ticks and garbage
-collections, all read from the daemon probe (bench/daemon_probe/sitecustomize.py)."""
+window kind, the event-loop hold of each registry call (the daemon's own `loop_hold`),
+the daemon's ticks and garbage collections (bench/daemon_probe/sitecustomize.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ from bench.policy_swap_report import (
 )
 from bench.policy_swap_sources import SOURCES
 
-WINDOWS = {"activate": "activate request", "put": "store request",
-           "control": "control (GET /healthz)"}
+WINDOWS = {"activate": "activate request", "store": "store request",
+           "rollback": "rollback request", "control": "control (GET /healthz)"}
+CALLS = ("store", "activate", "rollback")  # the registry calls whose loop hold is reported
 
 
 def stalls(run: dict[str, Any], swaps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -33,23 +34,16 @@ def stalls(run: dict[str, Any], swaps: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def loop_hold(run: dict[str, Any], call: str, names: set[str]) -> dict[str, Any]:
-    """The longest step (ms) of each `call` of the swap phase to a policy in `names`:
-    in wall time, and in wall and CPU time less the collections inside the step."""
-    start, end = run["swap_phase"]
-    calls = [c for c in run["calls"] if c["call"] == call and c["name"] in names
-             and start <= c["end"] <= end and c["steps"]]
-
-    def longest(index: int, gc_index: int | None = None) -> list[float]:
-        return [1000 * max(st[index] - (st[gc_index] if gc_index else 0.0) for st in c["steps"])
-                for c in calls]
-
-    wall, cpu = longest(0, 2), longest(1, 3)
-    return {"wall_ms": summary(longest(0)), "wall_less_gc_ms": summary(wall),
-            "cpu_less_gc_ms": summary(cpu),
+def loop_hold(swaps: list[dict[str, Any]], call: str) -> dict[str, Any]:
+    """The longest stretch (ms) each `call` held the daemon's event loop, as the daemon
+    measured it: in wall time, and in wall and CPU time less garbage collection."""
+    holds = [s["hold"][call] for s in swaps if s["hold"][call] is not None]
+    wall, cpu = ([h[key] for h in holds] for key in ("wall_less_gc_ms", "cpu_less_gc_ms"))
+    return {"wall_ms": summary([h["wall_ms"] for h in holds]),
+            "wall_less_gc_ms": summary(wall), "cpu_less_gc_ms": summary(cpu),
             "over_10ms_wall_less_gc": sum(v > STALL_TARGET_MS for v in wall),
             "over_10ms_cpu_less_gc": sum(v > STALL_TARGET_MS for v in cpu),
-            "steps_per_call": summary([len(c["steps"]) for c in calls], 0)}
+            "steps_per_call": summary([h["steps"] for h in holds], 0)}
 
 
 def tick_summary(run: dict[str, Any]) -> dict[str, Any]:
@@ -84,12 +78,13 @@ def per_layer(run: dict[str, Any]) -> dict[str, Any]:
         layers[layer] = {
             "swaps": len(mine),
             "not_active_after": [s["not_active"] for s in mine if s["not_active"]],
-            "put_ms": summary([s["put_ms"] for s in mine]),
+            "store_ms": summary([s["store_ms"] for s in mine]),
             "activate_ms": summary([s["activate_ms"] for s in confirmed]),
             "activate_answer_ms": summary([s["answer_ms"] for s in mine]),
             "swap_us_in_daemon": summary([s["swap_us"] for s in mine], 1),
-            "loop_hold_activate": loop_hold(run, "activate", {SOURCES[layer][0]}),
-            "loop_hold_store": loop_hold(run, "put", {SOURCES[layer][0]}),
+            "rollback_ms": summary([s["rollback_ms"] for s in mine if s["rolled_back"]]),
+            "not_rolled_back": sum(not s["rolled_back"] for s in mine),
+            **{f"loop_hold_{call}": loop_hold(mine, call) for call in CALLS},
             **stalls(run, mine),
         }
     return layers
@@ -112,10 +107,9 @@ def probe_path() -> str:
     return os.pathsep.join([str(here / "daemon_probe"), *rest])
 
 
-def read_probe(directory: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
-                                          list[dict[str, Any]]]:
-    """(collections, registry calls, ticks) the daemon probe wrote; see its docstring."""
-    collections, calls, ticks = [], [], []
+def read_probe(directory: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(collections, ticks) the daemon probe wrote; see its docstring."""
+    collections, ticks = [], []
     for path in sorted(directory.glob("*.jsonl")):
         role = path.stem.split("-")[0]
         for line in path.read_text().splitlines():
@@ -124,10 +118,8 @@ def read_probe(directory: Path) -> tuple[list[dict[str, Any]], list[dict[str, An
                 collections.append({"role": role, "start": record["end"] - record["wall"],
                                     "end": record["end"], "cpu_s": record["cpu"],
                                     "generation": record["gc"]})
-            elif "tick" in record:
-                ticks.append(record)
             else:
-                calls.append(record)
-    return collections, calls, ticks
+                ticks.append(record)
+    return collections, ticks
 
 

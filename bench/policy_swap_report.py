@@ -6,7 +6,7 @@ window [start, end] during which the daemon sent nothing has a stall of at least
 end - start. Baseline windows have the same lengths as the swap windows and are laid at
 random over the phase without swaps, so the two distributions compare like with like.
 The `_no_gc` figures keep only windows whose longest gap held no garbage-collection
-pause of the daemon or a worker (bench/gc_probe), to tell the two causes apart.
+pause of the daemon or a worker (bench/daemon_probe), to tell the two causes apart.
 """
 
 from __future__ import annotations
@@ -130,13 +130,14 @@ def plot(layers: dict[str, Any], raw: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.2))
-    _bars(a, layers, [("activate", "activate_ms", ""), ("store", "put_ms", "")], "p99")
-    a.set(title="request to active (read back); whisker: p99", ylabel="ms")
-    _bars(b, layers, [("activate", "loop_hold_activate", "cpu_less_gc_ms"),
-                      ("store", "loop_hold_store", "cpu_less_gc_ms")], "max")
+    _bars(a, layers, [("activate", "activate_ms", ""), ("store", "store_ms", ""),
+                      ("rollback", "rollback_ms", "")], "p99")
+    a.set(title="latency (activate: until read back); whisker p99", ylabel="ms")
+    _bars(b, layers, [(call, f"loop_hold_{call}", "cpu_less_gc_ms")
+                      for call in ("store", "activate", "rollback")], "max")
     b.axhline(STALL_TARGET_MS, color="red", linestyle="--", label="10 ms target")
     b.legend(fontsize=7)
-    b.set(title="longest event-loop hold per call (CPU less GC); whisker: max", ylabel="ms")
+    b.set(title="longest loop hold per call (CPU less GC); whisker max", ylabel="ms")
     for label, values in raw.items():
         ordered = sorted(values)
         c.step(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], where="post",

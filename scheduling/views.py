@@ -104,6 +104,16 @@ class ViewBuilder:
         while window and window[0].at < now - self.short_window_s:
             window.popleft()
 
+    def frozen(self) -> ViewBuilder:
+        """A copy that later events leave alone, so its views can be built elsewhere (a
+        worker thread) while this builder keeps taking events. Records are immutable, so
+        only the windows are copied."""
+        copy = ViewBuilder(self.short_window_s, self.long_window_s)
+        copy._arrivals = self._arrivals.copy()
+        copy._done = self._done.copy()
+        copy._samples = {worker: window.copy() for worker, window in self._samples.items()}
+        return copy
+
     def forget_worker(self, worker: str) -> None:
         self._samples.pop(worker, None)
 

@@ -3,8 +3,10 @@
 A layer names its interface class, the methods a policy must have, its built-ins, how
 to dry-run a policy on a snapshot, and how the daemon runs it: the live snapshot to
 validate against, how to put a version in charge at start (returning its `Guard`), and
-which built-in the config starts with. Adding a layer is one `Layer` in `LAYERS`
-(daemon/policies/layers.py); the registry, validation and the API are generic over them.
+which built-in the config starts with. Taking the live snapshot must not hold the event
+loop (issue 8: no dispatch stall over 10 ms during a swap), hence `build`. Adding a
+layer is one `Layer` in `LAYERS` (daemon/policies/layers.py); the registry, validation
+and the API are generic over them.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ class Layer:
     dry_calls: Callable[[Any, float], list[DryCall]]
     # A fixed snapshot, so a policy is exercised even when the daemon is idle.
     sample: Callable[[float], Any]
-    # The daemon's live snapshot: live(core).
+    # The daemon's live snapshot: live(core). It runs on the event loop, so it must stay
+    # cheap; a layer whose snapshot walks a long window returns a copy of what the walk
+    # reads and names the walk as `build`, which runs in a worker thread.
     live: Callable[[Any], Any]
     # Put a version in charge at start: install(core, active, on_failure) -> Guard.
     install: Callable[[Any, Any, Callable[[Any], None]], Any]
@@ -42,6 +46,8 @@ class Layer:
     tuning: Callable[[str, Any], dict[str, Any]] = _no_tuning
     # Where the built-ins' source is (default: each factory's own module).
     source_module: ModuleType | None = None
+    # Turns what `live` copied into the dry run's snapshot, off the loop (None: as is).
+    build: Callable[[Any], Any] | None = None
 
     def builtin(self, name: str, core: Any) -> Any:
         return self.builtins[name](**self.tuning(name, core))

@@ -6,9 +6,10 @@ control). Built-ins are registered at start as version 1 (their module's source,
 none stored, the layer's default built-in becomes active (named by the config's
 `kv_policy`, `ordering_policy`, `meta_policy`, `admission_policy`; `nalar-default` for
 control). New versions are validated when stored and again against the live snapshot
-when activated. Each layer's active version runs behind a `Guard`
-(daemon/policies/swap.py) that the layer's host in the daemon returns from
-`Layer.install`; activation and rollback go through it.
+when activated; the live snapshot is taken without holding the event loop
+(`Layer.build`), and every change reports how long it held the loop. Each layer's active
+version runs behind a `Guard` (daemon/policies/swap.py) that the layer's host in the
+daemon returns from `Layer.install`; activation and rollback go through it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select, update
 
 from daemon.policies.layers import LAYERS, Layer
+from daemon.policies.loop_hold import with_hold
 from daemon.policies.swap import FAILURES_TO_RETIRE, Active, Failure, Guard
 from daemon.policies.validate import Report, filename_for, load_class, validate
 from db import models
@@ -156,19 +158,36 @@ class PolicyService:
 
     # --- changes --------------------------------------------------------------------
 
+    # Each change answers with the longest stretch it held the event loop (`loop_hold`).
+
     async def put(self, name: str, layer_name: str, source: str, author: str) -> dict[str, Any]:
+        return await with_hold(f"storing {name}", self._put(name, layer_name, source, author))
+
+    async def validate(self, name: str, number: int | None) -> dict[str, Any]:
+        return await with_hold(f"validating {name}", self._validate_stored(name, number))
+
+    async def activate(self, name: str, number: int | None, by: str) -> dict[str, Any]:
+        return await with_hold(f"activating {name}", self._activate(name, number, by))
+
+    async def rollback(self, name: str, by: str) -> dict[str, Any]:
+        return await with_hold(f"rolling back {name}", self._rollback(name, by))
+
+    async def _put(self, name: str, layer_name: str, source: str, author: str
+                   ) -> dict[str, Any]:
         layer = _layer(layer_name)
         async with self.lock, self.core.sessions() as s, s.begin():
             row = await s.get(models.Policy, name)
+            if row is not None and row.layer != layer.name:
+                raise PolicyError(409, f"policy {name!r} belongs to layer {row.layer!r}, "
+                                  f"not {layer.name!r}", "layer_mismatch", "layer")
+            number = await self._latest(s, name) + 1
+            # Validated before the first write, which takes the store's write lock until
+            # the commit: validation awaits a worker thread (Layer.build).
+            report = await self._validate(layer, name, source, number)
             if row is None:
                 s.add(models.Policy(name=name, layer=layer.name, active_version=None,
                                     created_at=time.time()))
                 await s.flush()
-            elif row.layer != layer.name:
-                raise PolicyError(409, f"policy {name!r} belongs to layer {row.layer!r}, "
-                                  f"not {layer.name!r}", "layer_mismatch", "layer")
-            number = await self._latest(s, name) + 1
-            report = self._validate(layer, name, source, number)
             version = models.PolicyVersion(
                 policy_name=name, version=number, source=source, author=author,
                 status="draft", validation_report=report.to_dict(), created_at=time.time())
@@ -179,16 +198,16 @@ class PolicyService:
                                ok=report.ok, author=author)
         return out
 
-    async def validate(self, name: str, number: int | None) -> dict[str, Any]:
+    async def _validate_stored(self, name: str, number: int | None) -> dict[str, Any]:
         async with self.lock, self.core.sessions() as s, s.begin():
             row = await self._policy_row(s, name)
             v = await self._version_row(s, name, number or await self._latest(s, name))
-            report = self._validate(_layer(row.layer), name, v.source, v.version, v)
+            report = await self._validate(_layer(row.layer), name, v.source, v.version, v)
             v.validation_report = {**v.validation_report, **report.to_dict()}
             self._trace_validated(row.layer, name, v.version, report, "validate")
             return _version_dict(v, source=False)
 
-    async def activate(self, name: str, number: int | None, by: str) -> dict[str, Any]:
+    async def _activate(self, name: str, number: int | None, by: str) -> dict[str, Any]:
         async with self.lock:
             async with self.core.sessions() as s, s.begin():
                 row = await self._policy_row(s, name)
@@ -197,7 +216,7 @@ class PolicyService:
                 if v.status == "retired":
                     raise PolicyError(409, f"{name} v{v.version} is retired after repeated "
                                       "failures; store a new version", "retired")
-                report = self._validate(layer, name, v.source, v.version, v)
+                report = await self._validate(layer, name, v.source, v.version, v)
                 v.validation_report = {**v.validation_report, **report.to_dict()}
                 self._trace_validated(layer.name, name, v.version, report, "activate")
                 if not report.ok:
@@ -216,7 +235,7 @@ class PolicyService:
         running = {"name": guard.current.name, "version": guard.current.version}
         return {**out, "swap_us": round(swap_s * 1e6, 1), "active": running}
 
-    async def rollback(self, name: str, by: str) -> dict[str, Any]:
+    async def _rollback(self, name: str, by: str) -> dict[str, Any]:
         async with self.lock:
             async with self.core.sessions() as s:
                 layer = _layer((await self._policy_row(s, name)).layer)
@@ -284,13 +303,18 @@ class PolicyService:
 
     # --- helpers ----------------------------------------------------------------------
 
-    def _validate(self, layer: Layer, name: str, source: str, number: int,
-                  stored: models.PolicyVersion | None = None) -> Report:
-        now = time.time()
+    async def _validate(self, layer: Layer, name: str, source: str, number: int,
+                        stored: models.PolicyVersion | None = None) -> Report:
         if stored is not None and stored.author == BUILTIN and stored.version == 1:
             return Report(snapshots=["builtin"])
-        snapshots = [("live", layer.live(self.core)), ("sample", layer.sample(now))]
-        return validate(layer, name, source, snapshots, now, number)
+        live = layer.live(self.core)
+        if layer.build is not None:
+            live = await asyncio.to_thread(layer.build, live)
+        # The dry run itself stays on the loop's (main) thread: only there can a runaway
+        # call be interrupted and its hot line sampled (deadline.py, hotspot.py).
+        now = time.time()
+        return validate(layer, name, source, [("live", live), ("sample", layer.sample(now))],
+                        now, number)
 
     def _trace_validated(self, layer: str, name: str, number: int, report: Report,
                          on: str) -> None:

@@ -2,7 +2,8 @@
 
 Each has its interface (scheduling/ordering.py, scheduling/layer_policies.py), its
 built-ins, dry-run calls that check a policy keeps its contract on a snapshot, a fixed
-sample snapshot, and the daemon's live snapshot (daemon/slo_control.py hosts all three).
+sample snapshot, and the daemon's live snapshot (daemon/slo_control.py hosts all three);
+the meta layer's is built off the event loop.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from scheduling.meta import Decision
 from scheduling.ordering import OrderingPolicy, default_registry
 from scheduling.prediction import QueuedRequest
 from scheduling.slo_templates import TABLE_6, TaskType
-from scheduling.views import LongView
+from scheduling.views import LongView, ViewBuilder
 
 _POOL = default_registry()
 ORDERING_BUILTINS: dict[str, Callable[[], OrderingPolicy]] = {
@@ -121,6 +122,18 @@ def sample_long_views(now: float) -> tuple[LongView, ...]:
     return (calm, hol, unfair)
 
 
+def live_long_views(core: Any) -> tuple[ViewBuilder, float]:
+    """A copy of the SLO views' windows and when it was taken. Building the long view
+    walks every completion of the long window (tens of ms under load), so it is left to
+    `build_long_views`, off the loop; the copy is the recorded snapshot it validates on."""
+    return core.slo.views.frozen(), time.time()
+
+
+def build_long_views(taken: tuple[ViewBuilder, float]) -> tuple[LongView, ...]:
+    views, now = taken
+    return (views.long_view(now),)
+
+
 # --- admission --------------------------------------------------------------------------
 
 
@@ -181,7 +194,7 @@ SLO_LAYERS: dict[str, Layer] = {
         default=_default("ordering"), source_module=scheduling.ordering),
     "meta": Layer(
         "meta", MetaPolicy, ("choose", "on_applied"), META_POLICIES, meta_dry_calls,
-        sample=sample_long_views, live=lambda core: (core.slo.views.long_view(time.time()),),
+        sample=sample_long_views, live=live_long_views, build=build_long_views,
         install=_hosted("meta"), default=_default("meta"),
         tuning=lambda name, core: core.slo.meta_tuning(name)),
     "admission": Layer(
