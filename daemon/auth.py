@@ -90,13 +90,14 @@ BOUND_PARAMS = ("program_id", "session_id", "run_id")
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who made a request: the token's id is the tenant key for rate limits; `run` is set
-    for a workflow run's token."""
+    """Who made a request: `run` is set for a workflow run's token; `tenant` is the
+    token's (empty: its id), which daemon/tenancy.py turns into the request's tenant."""
 
     token_id: str
     name: str
     scopes: frozenset[str]
     run: RunScope | None = None
+    tenant: str = ""
 
 
 def parse_scopes(text: str) -> frozenset[str]:
@@ -162,12 +163,13 @@ def iter_routes(app: Litestar) -> Iterator[tuple[str, str, BaseRouteHandler]]:
 Sessions = async_sessionmaker[AsyncSession]
 
 
-async def issue_token(s: AsyncSession, name: str, scopes: Iterable[str]) -> tuple[str, str]:
+async def issue_token(s: AsyncSession, name: str, scopes: Iterable[str],
+                      tenant: str | None = None) -> tuple[str, str]:
     """Store a new token; returns (id, secret). The secret exists only in the return value."""
     secret = new_secret()
     token_id = f"tok-{uuid.uuid4().hex[:12]}"
     await tokens.insert(s, token_id, name, tokens.hash_secret(secret), frozenset(scopes),
-                        time.time())
+                        time.time(), tenant)
     return token_id, secret
 
 
@@ -235,7 +237,7 @@ class TokenAuth:
         if record is None or not record.active or record.id in self._retired:
             return None
         return Principal(token_id=record.id, name=record.name, scopes=record.scopes,
-                         run=self._runs.get(record.id))
+                         run=self._runs.get(record.id), tenant=record.tenant)
 
     async def _record(self, token_hash: str) -> tokens.TokenRecord | None:
         now = self._clock()

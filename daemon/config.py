@@ -50,7 +50,7 @@ class Config:
     kv_force_resume_s: float = 30.0
     # SLO scheduling (daemon/slo_settings.py): the policies each layer starts with.
     ordering_policy: str = "fcfs"  # a pool policy of scheduling/ordering.py
-    meta_policy: str = "meta-rules"  # meta-rules | meta-bandit | off | a pool policy, fixed
+    meta_policy: str = "meta-rules"  # meta-rules | meta-bandit | meta-llm | off | a pool policy
     meta_interval_s: float = 2.0
     admission_policy: str = "statera"  # statera | unbounded
     slo: dict[str, Any] = field(default_factory=dict)  # the [slo] tables: cycle, windows, rules

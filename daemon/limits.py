@@ -1,8 +1,9 @@
 """Admission limits checked before the core creates anything for a request.
 
 Prompt length (approximated by characters: the daemon does not tokenize), the global
-queue length and a token bucket per tenant (the API token's id). A request over a
-limit is answered at once and leaves no program, request or trace behind.
+queue length and a token bucket per tenant (the request's tenant, daemon/tenancy.py: the
+one the SLO stack schedules it as; a token without a tenant is its own). A request over
+a limit is answered at once and leaves no program, request or trace behind.
 """
 
 from __future__ import annotations
@@ -16,13 +17,11 @@ from typing import TYPE_CHECKING, Any
 from litestar import Request
 
 from daemon.api.errors import ApiError
-from daemon.auth import principal_of
 from daemon.config import Config
 
 if TYPE_CHECKING:
     from daemon.core import Core
 
-ANONYMOUS = "anonymous"  # the one tenant when auth is off (loopback only)
 QUEUE_FULL_RETRY_S = 1.0
 
 
@@ -76,9 +75,9 @@ class Limits:
         if self.rate > 0:
             wait = self._bucket(tenant).take(self._clock())
             if wait > 0:
-                raise _too_many(f"rate limit for this token exceeded ({self.rate:g} requests/s, "
-                                f"burst {self.burst:g}; rate_limit_rps); retry in {wait:.2f}s",
-                                "rate_limited", wait)
+                raise _too_many(f"rate limit for tenant '{tenant}' exceeded ({self.rate:g} "
+                                f"requests/s, burst {self.burst:g}; rate_limit_rps); retry in "
+                                f"{wait:.2f}s", "rate_limited", wait)
 
     def _bucket(self, tenant: str) -> TokenBucket:
         bucket = self._buckets.get(tenant)
@@ -88,9 +87,8 @@ class Limits:
         return bucket
 
 
-def admit(request: Request[Any, Any, Any], core: Core, chars: int, param: str) -> None:
+def admit(request: Request[Any, Any, Any], core: Core, chars: int, param: str,
+          tenant: str) -> None:
     """The gateway's admission check: after validation, before the program is created."""
     limits: Limits = request.app.state["limits"]
-    principal = principal_of(request)
-    tenant = principal.token_id if principal is not None else ANONYMOUS
     limits.check(tenant, chars, len(core.queue), param)

@@ -15,7 +15,11 @@ so the budget the admission policy computes is reported, not applied; what is en
 is the KV fence and N_run, through what the daemon dispatches.
 
 Every switch, rollback, bypass and admission refusal is a trace event with its reason and
-the versions of the policies that made it.
+the versions of the policies that made it; so is every decision of the LLM meta selector
+(daemon/slo_llm.py asks the model, off the loop).
+
+Requests are tagged with their tenant (daemon/tenancy.py); the tenants' WFQ/stride
+weights and SLO overrides come from [slo.tenants] and apply to the built-in policies.
 """
 
 from __future__ import annotations
@@ -30,10 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 from daemon.policies.slo_layers import ORDERING_BUILTINS, AdmissionSnapshot
 from daemon.policies.swap import Active, Failure, Guard
-from daemon.slo_queue import OrderedQueue, WaitingQueue
+from daemon.slo_llm import LlmCaller
+from daemon.slo_queue import OrderedQueue, WaitingQueue, weigh_tenants
 from daemon.slo_settings import SloSettings, startup_policy
 from daemon.slo_tagging import Tagging
 from daemon.state import ProgramStatus, RequestState, RequestStatus, WorkerState
+from daemon.tenancy import SessionTenants
+from daemon.tenant_names import INTERNAL_TENANT
 from scheduling import slo_metrics
 from scheduling.admission import (
     AdmissionDecision,
@@ -48,8 +55,10 @@ from scheduling.layer_policies import (
     RulesMeta,
 )
 from scheduling.meta import BypassOn, Decision, MetaEvent, MetaLoop, Rollback, Switch
+from scheduling.meta_llm import LlmMeta
 from scheduling.prediction import QueuedRequest
 from scheduling.slo_metrics import CompletionRecord
+from scheduling.slo_templates import SloTable
 from scheduling.views import LongView, ViewBuilder
 
 if TYPE_CHECKING:
@@ -106,7 +115,10 @@ class SloControl:
         self.core = core
         self.settings = settings
         config = core.config
-        self.tagging = Tagging(config.max_tokens_limit)
+        self.tagging = Tagging(config.max_tokens_limit,
+                               SloTable(tenant_overrides=settings.tenant_slos))
+        self.tenants = SessionTenants(core.sessions, core.writer)
+        self.llm = LlmCaller(core, settings.llm, config.meta_interval_s)
         self.views = ViewBuilder(settings.short_window_s, settings.long_window_s)
         self.fence = AdmissionFence(settings.delta_frag)
         self.tags: dict[str, QueuedRequest] = {}  # request id -> tag, until the request ends
@@ -119,7 +131,9 @@ class SloControl:
         self._switching = False
         name = startup_policy(config, "ordering")
         self._ordering = Active(name, 1, ORDERING_BUILTINS[name]())
-        self.ordered = OrderedQueue(self._ordering)
+        weigh = weigh_tenants(settings.tenant_weights)
+        weigh(self._ordering)
+        self.ordered = OrderedQueue(self._ordering, tune=weigh)
         self.ordered.on_switched = self._ordering_changed
         self.waiting = WaitingQueue(self.ordered)
         name = startup_policy(config, "admission")
@@ -149,7 +163,7 @@ class SloControl:
         return guard
 
     def meta_tuning(self, name: str) -> dict[str, Any]:
-        if name != RulesMeta.name:
+        if name not in (RulesMeta.name, LlmMeta.name):
             return {}
         return {"thresholds": self.settings.rules, "initial": self.ordered.policy_name}
 
@@ -244,7 +258,8 @@ class SloControl:
         self.running[req.id] = (worker_id, demand)
         self.refused.discard(req.id)
         o = self.ordered.guard.current
-        return {"ordering": o.name, "ordering_version": o.version}
+        tenant = {"tenant": q.tenant} if q is not None else {}
+        return {"ordering": o.name, "ordering_version": o.version, **tenant}
 
     def on_release(self, req: RequestState) -> None:
         """The request left its worker (ended, failed over, paused)."""
@@ -257,7 +272,9 @@ class SloControl:
         self.ordered.discard(req.id)
         self.refused.discard(req.id)
         q = self.tags.pop(req.id, None)
-        if q is None or req.status != RequestStatus.FINISHED:
+        # The daemon's own calls teach nothing: their short capped replies would drag the
+        # length predictions of tenants' requests down, and they serve no tenant.
+        if q is None or req.status != RequestStatus.FINISHED or q.tenant == INTERNAL_TENANT:
             return
         record = self.tagging.learn(req, q)
         if record is not None:
@@ -265,18 +282,21 @@ class SloControl:
             self.stats.observe(record)
 
     def describe(self, q: QueuedRequest) -> dict[str, Any]:
-        return {"task": q.task.value, "l_pred": q.l_pred, "slo_ttft_s": q.slo.ttft_s,
-                "slo_tpot_s": q.slo.tpot_s}
+        return {"tenant": q.tenant, "task": q.task.value, "l_pred": q.l_pred,
+                "slo_ttft_s": q.slo.ttft_s, "slo_tpot_s": q.slo.tpot_s}
 
     # --- per cycle --------------------------------------------------------------------------
 
     async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.cycle_s)
-            try:
-                self.tick(time.time())
-            except Exception:  # the loop must outlive a bad cycle; the next one retries
-                log.exception("SLO scheduling cycle failed")
+        try:
+            while True:
+                await asyncio.sleep(self.settings.cycle_s)
+                try:
+                    self.tick(time.time())
+                except Exception:  # the loop must outlive a bad cycle; the next one retries
+                    log.exception("SLO scheduling cycle failed")
+        finally:
+            self.llm.stop()
 
     def tick(self, now: float) -> None:
         self._sample(now)
@@ -318,6 +338,7 @@ class SloControl:
         swap_s = self._switch_to(target) if target != self.ordered.policy_name else 0.0
         for event in events:
             self._record(event, swap_s)
+        self.llm.after_tick(self.meta.current.policy)
 
     def _switch_to(self, name: str) -> float:
         active = self._resolve(name)
@@ -396,6 +417,10 @@ class SloControl:
                        "tpot_compliance": 1 - long.tpot_violation_rate,
                        "esg_ratio": long.esg_ratio, "output_len_cv": long.output_len_cv},
             "counters": vars(self.stats),
+            "tenants": {"weights": dict(self.settings.tenant_weights),
+                        "slo_overrides": sorted(self.settings.tenant_slos),
+                        "attainment": dict(long.tenant_attainment)},
+            "llm": self.llm.status(),
         }
 
 

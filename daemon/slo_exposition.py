@@ -1,7 +1,8 @@
 """/metrics families of the SLO scheduling stack (H-MAS metrics, definitions in
 scheduling/slo_metrics.py): cumulative outcome counters, the long window's goodput,
 attainment, TTFT/TPOT compliance and ESG ratio, the active policy of each layer, the
-meta loop's switches, and the stability agent's controls per worker."""
+meta loop's switches, the LLM meta selector's decisions by what they rested on, and the
+stability agent's controls per worker."""
 
 from __future__ import annotations
 
@@ -39,6 +40,11 @@ def slo_families(out: Exposition, slo: SloControl) -> None:
     out.sample("agentd_meta_bypass_active", int(slo.bypass))
     _counter(out, "agentd_admission_refusals", "Requests the admission policy held back",
              st.refusals)
+    out.family("agentd_meta_llm_decisions_total", "counter",
+               "Decisions of the LLM meta selector by outcome (accepted: the model's answer; "
+               "any other: the rule map's, and why)")
+    for outcome, n in sorted(slo.llm.outcomes.items()):
+        out.sample("agentd_meta_llm_decisions_total", n, outcome=outcome)
     _controls(out, slo)
 
 

@@ -20,9 +20,10 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from daemon.policies.swap import RUNTIME_BUDGET_S, Active, Failure, Guard
+from scheduling.ordering import Wfq
 from scheduling.prediction import QueuedRequest
 
 # Rebuilding is O(n log n); its budget grows with the queue so a long queue does not
@@ -33,10 +34,13 @@ log = logging.getLogger("agentd.slo")
 
 class OrderedQueue:
     def __init__(self, active: Active, on_failure: Callable[[Failure], None] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 tune: Callable[[Active], None] | None = None) -> None:
         self.live: dict[str, QueuedRequest] = {}
         self._stale = 0  # entries the policy still holds for requests no longer queued
         self.clock = clock
+        # Configures a version as it takes over, before it orders anything (tenant weights).
+        self.tune = tune
         self.guard = Guard(active, on_failure, layer="ordering", on_change=self._rebuild)
         # Told which version runs after every rebuild (a swap or a rollback).
         self.on_switched: Callable[[Active], None] | None = None
@@ -121,6 +125,8 @@ class OrderedQueue:
         return list(self.live.values())[:limit]
 
     def _rebuild(self, active: Active) -> None:
+        if self.tune is not None:
+            self.tune(active)
         items = list(self.live.values())
         self._stale = 0
         budget = max(RUNTIME_BUDGET_S, REBUILD_BUDGET_PER_REQUEST_S * len(items))
@@ -128,6 +134,15 @@ class OrderedQueue:
         self.guard.call(lambda p: p.rebuild(items, now), budget)
         if self.on_switched is not None:
             self.on_switched(self.guard.current)
+
+
+def weigh_tenants(weights: Mapping[str, float]) -> Callable[[Active], None]:
+    """An OrderedQueue `tune` that gives the built-in WFQ/stride the configured tenant
+    weights as it takes over (an operator's own version keeps what it was written with)."""
+    def weigh(active: Active) -> None:
+        if active.version == 1 and type(active.policy) is Wfq:
+            active.policy.weights = dict(weights)
+    return weigh
 
 
 def _describe(value: object) -> str:

@@ -1,12 +1,17 @@
 """The daemon's SLO scheduling settings: which policies start, and the config's [slo] table.
 
 Config keys (daemon/config.py): `ordering_policy` (a pool policy, default fcfs),
-`meta_policy` (meta-rules | meta-bandit | off | a pool policy to run fixed),
-`admission_policy` (statera | unbounded), `meta_interval_s`, and the TOML table
+`meta_policy` (meta-rules | meta-bandit | meta-llm, also spelt llm | off | a pool policy
+to run fixed), `admission_policy` (statera | unbounded), `meta_interval_s`, and the TOML
+table
 
     [slo]          cycle_s, short_window_s, long_window_s, delta_frag
     [slo.rules]    fields of scheduling.meta.RuleThresholds (the meta-rules built-in)
     [slo.guard]    fields of scheduling.meta.GuardConfig (rollback guard, emergency bypass)
+    [slo.llm]      the meta-llm call (LlmSettings)
+    [slo.tenants.NAME]      weight = W (WFQ/stride share; default 1)
+    [slo.tenants.NAME.slo]  TASK = { ttft_ms = N, tpot_ms = N }: that tenant's SLO for a
+                   task type of scheduling/slo_templates.py, instead of Table 6's
 
 These choose what starts when the store has no active version for a layer; after that
 the stored active versions win, as for `kv_policy`.
@@ -16,15 +21,23 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, cast
 
-from scheduling.layer_policies import ADMISSION_POLICIES, META_POLICIES
+from daemon.slo_tables import DEFAULT_LLM, LlmSettings, number, parse_llm, parse_tenants
+from scheduling.layer_policies import ADMISSION_POLICIES, META_POLICIES, MetaPolicy
 from scheduling.meta import SERVING_GUARD, SERVING_RULES, GuardConfig, RuleThresholds
+from scheduling.meta_llm import LlmMeta
 from scheduling.ordering import default_registry
+from scheduling.slo_templates import Slo, TaskType
 
+# scheduling/meta_llm.py builds on layer_policies' MetaPolicy, so META_POLICIES there
+# cannot list it without an import cycle; it joins the meta layer's built-ins here, which
+# every daemon path to them (config validation, the policy layers) imports first.
+cast(dict[str, type[MetaPolicy]], META_POLICIES).setdefault(LlmMeta.name, LlmMeta)
 ORDERING_POOL = default_registry().names()
 META_OFF = "off"
+META_ALIASES = {"llm": LlmMeta.name}
 
 
 @dataclass(frozen=True)
@@ -35,22 +48,30 @@ class SloSettings:
     delta_frag: float = 0.1
     rules: RuleThresholds = SERVING_RULES
     guard: GuardConfig = SERVING_GUARD
+    llm: LlmSettings = DEFAULT_LLM
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)
+    tenant_slos: Mapping[str, Mapping[TaskType, Slo]] = field(default_factory=dict)
 
 
+_NUMBERS = ("cycle_s", "short_window_s", "long_window_s", "delta_frag")
 _TABLES: dict[str, Any] = {"rules": RuleThresholds, "guard": GuardConfig}
 
 
 def parse_settings(raw: Mapping[str, Any]) -> SloSettings:
     """Settings from the [slo] table; ValueError naming the key on a bad one."""
-    top = {f.name: f for f in dataclasses.fields(SloSettings)}
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key in _TABLES:
             values[key] = _table(key, value, getattr(SloSettings, key))
-        elif key in top:
-            values[key] = _number(f"slo.{key}", value, float)
+        elif key == "llm":
+            values["llm"] = parse_llm(value)
+        elif key == "tenants":
+            values["tenant_weights"], values["tenant_slos"] = parse_tenants(value)
+        elif key in _NUMBERS:
+            values[key] = number(f"slo.{key}", value, float)
         else:
-            raise ValueError(f"config key 'slo.{key}' is unknown; known: {sorted(top)}")
+            known = sorted([*_NUMBERS, *_TABLES, "llm", "tenants"])
+            raise ValueError(f"config key 'slo.{key}' is unknown; known: {known}")
     for key in ("cycle_s", "short_window_s", "long_window_s"):
         if key in values and values[key] <= 0:
             raise ValueError(f"config key 'slo.{key}' must be > 0")
@@ -69,21 +90,13 @@ def _table(name: str, raw: Any, default: Any) -> Any:
         if key not in known:
             raise ValueError(f"config key 'slo.{name}.{key}' is unknown; known: {sorted(known)}")
         kind = int if isinstance(getattr(default, key), int) else float
-        values[key] = _number(f"slo.{name}.{key}", value, kind)
+        values[key] = number(f"slo.{name}.{key}", value, kind)
     return dataclasses.replace(default, **values)
-
-
-def _number(key: str, value: Any, kind: type) -> Any:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"config key '{key}' must be a number, got {value!r}")
-    if kind is int and value != int(value):
-        raise ValueError(f"config key '{key}' must be a whole number, got {value!r}")
-    return kind(value)
 
 
 def startup_policy(config: Any, layer: str) -> str:
     """The built-in a layer starts with when the store has none active."""
-    meta = config.meta_policy
+    meta: str = META_ALIASES.get(config.meta_policy, config.meta_policy)
     if layer == "ordering":
         return meta if meta in ORDERING_POOL else config.ordering_policy
     if layer == "meta":
@@ -93,7 +106,7 @@ def startup_policy(config: Any, layer: str) -> str:
 
 def config_problem(config: Any) -> str | None:
     """The first bad SLO config value, as one line naming the key; None when all are fine."""
-    metas = sorted([*META_POLICIES, META_OFF, *ORDERING_POOL])
+    metas = sorted([*META_POLICIES, *META_ALIASES, META_OFF, *ORDERING_POOL])
     if config.ordering_policy not in ORDERING_POOL:
         return f"ordering_policy must be one of {', '.join(ORDERING_POOL)}, " \
                f"got {config.ordering_policy!r}"

@@ -1,11 +1,12 @@
 """Request tagging at submit (H-MAS perception), cheap enough for the gateway's hot path.
 
 A request gets a task type from rules over its last user message (cached per program:
-an agent program's steps share its task), an importance from its priority, the task's
-SLO, a predicted output length learned online from finished requests (per task and
-prompt-length bucket), a conformal upper bound, and the cost proxies. Nothing waits
-for a model: this is the rule path the paper falls back to, so a request never reaches
-the head of the queue untagged. Both lengths are capped by the request's max_tokens.
+an agent program's steps share its task), an importance from its priority, its tenant's
+SLO for the task (an override from [slo.tenants], else Table 6), a predicted output
+length learned online from finished requests (per task and prompt-length bucket), a
+conformal upper bound, and the cost proxies. Nothing waits for a model: this is the rule
+path the paper falls back to, so a request never reaches the head of the queue untagged.
+Both lengths are capped by the request's max_tokens.
 
 The prompt length is estimated from characters (about 4 per token) or, for a later step
 of a program, from its context so far, whichever is larger; the worker reports the real
@@ -22,6 +23,7 @@ import functools
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from daemon.tenant_names import DEFAULT_TENANT
 from scheduling.admission import ConformalCalibrator
 from scheduling.prediction import (
     CostModel,
@@ -38,7 +40,6 @@ from scheduling.slo_templates import Slo, SloTable, TaskType
 if TYPE_CHECKING:
     from daemon.state import ProgramState, RequestState
 
-TENANT = "default"  # sessions carry a tenant in the store; the daemon has one so far
 TAG_CHARS = 2000  # the rules look at the start of the last user message
 CHARS_PER_TOKEN = 4
 TOKENS_PER_MESSAGE = 4  # chat template markers
@@ -123,14 +124,17 @@ class CachedSlos:
 
 
 class Tagging:
-    def __init__(self, max_tokens: int) -> None:
+    def __init__(self, max_tokens: int, slos: SloTable | None = None) -> None:
         self.lengths = CachedLengths()
         self.costs = CostModel()
         self.bound = CachedCalibrator(max_tokens)
         self.tagger = TaskTagger()
         self.perceiver = Perceiver(self.tagger, self.lengths, self.costs,
-                                   CachedSlos(SloTable()), self.bound)  # type: ignore[arg-type]
+                                   CachedSlos(slos or SloTable()), self.bound)  # type: ignore[arg-type]
         self.program_task: dict[str, TaskType] = {}
+        # Program -> tenant of its next request, set by whoever submits it
+        # (daemon/tenancy.py); a program nobody set runs as the default tenant.
+        self.tenants: dict[str, str] = {}
         self._tag = functools.lru_cache(maxsize=TAG_CACHE)(self.tagger.tag)
 
     def tag(self, req: RequestState, program: ProgramState) -> QueuedRequest:
@@ -140,7 +144,8 @@ class Tagging:
             task = self.program_task[program.id] = self._tag(text[:TAG_CHARS])
         prompt_tokens = max(program.context_tokens,
                             chars // CHARS_PER_TOKEN + TOKENS_PER_MESSAGE * messages)
-        spec = RequestSpec(req.id, TENANT, req.queued_at, "", prompt_tokens,
+        tenant = self.tenants.get(program.id, DEFAULT_TENANT)
+        spec = RequestSpec(req.id, tenant, req.queued_at, "", prompt_tokens,
                            importance(req.priority), req.priority, task)
         # Both lengths are capped by this request's max_tokens, set for this one call.
         self.lengths.cap = self.bound.cap = req.sampling.max_tokens
@@ -148,6 +153,7 @@ class Tagging:
 
     def forget(self, program_id: str) -> None:
         self.program_task.pop(program_id, None)
+        self.tenants.pop(program_id, None)
 
     def learn(self, req: RequestState, q: QueuedRequest) -> CompletionRecord | None:
         """Feed a finished request to the predictors; its completion record for the views."""

@@ -28,6 +28,8 @@ def add_token_parser(subparsers: Any) -> None:
     c.add_argument("--scope", required=True,
                    help="comma-separated: read, submit, operator (operator implies the others)")
     c.add_argument("--name", required=True, help="who or what the token is for")
+    c.add_argument("--tenant", help="the tenant its requests are scheduled and rate-limited "
+                   "as ([slo.tenants.NAME] in the config); default: the token's own id")
     c.set_defaults(func=cmd_create)
 
     ls = tsub.add_parser("list", help="list tokens (never their secrets)")
@@ -75,6 +77,7 @@ def _with_store(args: argparse.Namespace, work: Callable[[AsyncSession], Awaitab
 
 def cmd_create(args: argparse.Namespace) -> int:
     from daemon import auth
+    from daemon.tenant_names import tenant_problem
 
     try:
         scopes = auth.parse_scopes(args.scope)
@@ -82,13 +85,17 @@ def cmd_create(args: argparse.Namespace) -> int:
         return _fail(str(exc), EXIT_USAGE)
     if not args.name.strip() or len(args.name) > 128:
         return _fail("--name must be 1-128 characters", EXIT_USAGE)
+    problem = None if args.tenant is None else tenant_problem(args.tenant)
+    if problem is not None:
+        return _fail(f"--tenant: {problem}", EXIT_USAGE)
 
     async def work(s: AsyncSession) -> tuple[str, str]:
-        return await auth.issue_token(s, args.name, scopes)
+        return await auth.issue_token(s, args.name, scopes, args.tenant)
 
     token_id, secret = _with_store(args, work)
-    print(f"created token {token_id} ({args.name}; scopes: {' '.join(sorted(scopes))}); "
-          "the secret below is shown only once", file=sys.stderr)
+    tenant = args.tenant or token_id
+    print(f"created token {token_id} ({args.name}; scopes: {' '.join(sorted(scopes))}; "
+          f"tenant: {tenant}); the secret below is shown only once", file=sys.stderr)
     print(secret)
     return 0
 
@@ -98,17 +105,17 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     records = _with_store(args, tokens.list_all)
     rows: list[dict[str, Any]] = [
-        {"id": r.id, "name": r.name, "scopes": " ".join(sorted(r.scopes)),
+        {"id": r.id, "name": r.name, "scopes": " ".join(sorted(r.scopes)), "tenant": r.tenant,
          "created_at": r.created_at, "revoked_at": r.revoked_at} for r in records]
     if args.json:
         for row in rows:
             print(json.dumps(row))
         return 0
-    print(f"{'ID':<17} {'SCOPES':<22} {'CREATED':<17} {'STATUS':<25} NAME")
+    print(f"{'ID':<17} {'SCOPES':<22} {'TENANT':<17} {'CREATED':<17} {'STATUS':<25} NAME")
     for row in rows:
         status = "active" if row["revoked_at"] is None else f"revoked {_when(row['revoked_at'])}"
-        print(f"{row['id']:<17} {row['scopes']:<22} {_when(row['created_at']):<17} "
-              f"{status:<25} {row['name']}")
+        print(f"{row['id']:<17} {row['scopes']:<22} {row['tenant']:<17} "
+              f"{_when(row['created_at']):<17} {status:<25} {row['name']}")
     return 0
 
 

@@ -21,7 +21,7 @@ class Worker(Base):
     kv_capacity_tokens: Mapped[int] = mapped_column(Integer)
     block_size: Mapped[int] = mapped_column(Integer)
     max_batch: Mapped[int] = mapped_column(Integer)
-    status: Mapped[str] = mapped_column(String(16))  # healthy | unhealthy | gone
+    status: Mapped[str] = mapped_column(String(16))  # healthy | suspect | unhealthy | gone
     pid: Mapped[int] = mapped_column(Integer, default=0)
     host: Mapped[str] = mapped_column(String(256), default="")
     registered_at: Mapped[float] = mapped_column(Float)
@@ -180,3 +180,6 @@ class ApiToken(Base):
     scopes: Mapped[str] = mapped_column(String(128))  # space-separated
     created_at: Mapped[float] = mapped_column(Float)
     revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Who the token's requests are scheduled and rate-limited as; NULL: the token's id
+    # (tokens made before tenants existed keep the per-token buckets they had).
+    tenant: Mapped[str | None] = mapped_column(String(64), nullable=True)

@@ -18,6 +18,7 @@ class TokenRecord:
     scopes: frozenset[str]
     created_at: float
     revoked_at: float | None
+    tenant: str  # the stored tenant, or the token's id when it has none
 
     @property
     def active(self) -> bool:
@@ -32,15 +33,17 @@ def hash_secret(secret: str) -> str:
 
 def _record(row: ApiToken) -> TokenRecord:
     return TokenRecord(id=row.id, name=row.name, scopes=frozenset(row.scopes.split()),
-                       created_at=row.created_at, revoked_at=row.revoked_at)
+                       created_at=row.created_at, revoked_at=row.revoked_at,
+                       tenant=row.tenant or row.id)
 
 
 async def insert(
     s: AsyncSession, token_id: str, name: str, token_hash: str, scopes: frozenset[str],
-    now: float,
+    now: float, tenant: str | None = None,
 ) -> TokenRecord:
     row = ApiToken(id=token_id, name=name, token_hash=token_hash,
-                   scopes=" ".join(sorted(scopes)), created_at=now, revoked_at=None)
+                   scopes=" ".join(sorted(scopes)), created_at=now, revoked_at=None,
+                   tenant=tenant)
     s.add(row)
     await s.flush()
     return _record(row)

@@ -184,21 +184,47 @@ def parse_llm_decision(text: str, pool: Collection[str]) -> Decision | str:
     return Decision(policy, f"LLM: {reason.strip()}")
 
 
+LLM_ACCEPTED = "accepted"
+LLM_INVALID = "invalid"
+LLM_PENDING = "pending"
+
+
+@dataclass(frozen=True, slots=True)
+class LlmOutcome:
+    """What one decision of the LLM selector rested on. ``kind`` is ``accepted``,
+    ``invalid`` (the reply failed validation), ``pending`` (no answer has come since the
+    last decision), or whatever the caller reported for a call that gave no answer
+    (the daemon: ``timeout``, ``no_worker``, ``error``); all but ``accepted`` mean
+    ``decision`` is the rule map's."""
+
+    kind: str
+    detail: str
+    decision: Decision
+
+
 @dataclass
 class LlmSelector:
     """The paper's LLM meta controller with the daemon doing the call: ``build_prompt`` gives
-    the text to send, ``on_response`` takes the reply, ``choose`` validates it against the
-    pool and falls back to the rule map on any invalid or missing reply (Appendix C.2)."""
+    the text to send, ``on_response`` takes the reply (``on_failure`` says why there is
+    none), ``choose`` validates it against the pool and falls back to the rule map on any
+    invalid or missing reply (Appendix C.2). A reply is used once. ``outcome`` and
+    ``last_view`` describe the latest decision, for the trace and the next prompt."""
 
     pool: Sequence[str]
     fallback: RuleMap
     _reply: str | None = field(default=None, init=False)
+    _failure: tuple[str, str] | None = field(default=None, init=False)
+    outcome: LlmOutcome | None = field(default=None, init=False)
+    last_view: LongView | None = field(default=None, init=False)
 
     def on_applied(self, policy_name: str) -> None:
         self.fallback.on_applied(policy_name)
 
     def on_response(self, text: str) -> None:
-        self._reply = text
+        self._reply, self._failure = text, None
+
+    def on_failure(self, kind: str, detail: str) -> None:
+        self._reply, self._failure = None, (kind, detail)
 
     def build_prompt(self, view: LongView) -> str:
         state = {k: v if not isinstance(v, float) else round(v, 4) for k, v in asdict(view).items()}
@@ -213,12 +239,23 @@ class LlmSelector:
         )
 
     def choose(self, view: LongView, now: float) -> Decision:
-        reply, self._reply = self._reply, None
-        verdict = "no reply" if reply is None else parse_llm_decision(reply, self.pool)
-        if isinstance(verdict, Decision):
-            return verdict
+        reply, failure = self._reply, self._failure
+        self._reply = self._failure = None
+        self.last_view = view
+        if reply is not None:
+            verdict = parse_llm_decision(reply, self.pool)
+            if isinstance(verdict, Decision):
+                self.outcome = LlmOutcome(LLM_ACCEPTED, "", verdict)
+                return verdict
+            kind, detail = LLM_INVALID, verdict
+        else:
+            kind, detail = failure or (LLM_PENDING, "no reply")
         rule = self.fallback.choose(view, now)
-        return Decision(rule.policy_name, f"LLM output rejected ({verdict}); rules: {rule.reason}")
+        why = (f"LLM output rejected ({detail})" if kind == LLM_INVALID
+               else f"no LLM decision ({kind}: {detail})")
+        decision = Decision(rule.policy_name, f"{why}; rules: {rule.reason}")
+        self.outcome = LlmOutcome(kind, detail, decision)
+        return decision
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,11 +15,13 @@ from litestar import Controller, Request, Response, get, post
 from litestar.response import Stream
 
 from daemon.api.errors import ApiError, decode_body, error_body
+from daemon.api.tenants import request_tenant
 from daemon.auth import READ, SUBMIT, principal_of, run_program
 from daemon.core import Core
 from daemon.limits import admit
 from daemon.protocol import ChatMessage, Finish, SamplingParams
 from daemon.state import ProgramState, ProgramStatus, RequestState
+from daemon.tenancy import open_program
 
 _json = msgspec.json.Encoder()
 
@@ -57,6 +59,7 @@ class _Common(msgspec.Struct, kw_only=True):
     program_id: str | None = None
     session_id: str | None = None
     priority: int = 0
+    tenant: str | None = None  # operator tokens only (daemon/tenancy.py); or X-Tenant
 
 
 class ChatRequest(_Common, kw_only=True):
@@ -99,8 +102,9 @@ class GatewayController(Controller):
                 raise ApiError(400, "response_format.json_schema.schema must be an object",
                                param="response_format")
             sampling = msgspec.structs.replace(sampling, json_schema=_json.encode(schema).decode())
-        admit(request, core, sum(len(m.content) for m in messages), "messages")
-        program = await _program(core, request, body)
+        tenant = await request_tenant(request, core, body.tenant)
+        admit(request, core, sum(len(m.content) for m in messages), "messages", tenant)
+        program = await _program(core, request, body, tenant)
         req = core.submit(program, "chat", body.model, sampling, messages=messages,
                           priority=body.priority)
         return await _respond(core, request, req, body, program, chat=True)
@@ -116,8 +120,9 @@ class GatewayController(Controller):
                                "supported; send one request per prompt)", param="prompt")
             prompt = prompt[0]
         sampling = _sampling(core, body, body.max_tokens)
-        admit(request, core, len(prompt), "prompt")
-        program = await _program(core, request, body)
+        tenant = await request_tenant(request, core, body.tenant)
+        admit(request, core, len(prompt), "prompt", tenant)
+        program = await _program(core, request, body, tenant)
         req = core.submit(program, "completion", body.model, sampling, prompt=prompt,
                           priority=body.priority)
         return await _respond(core, request, req, body, program, chat=False)
@@ -158,7 +163,8 @@ def _sampling(core: Core, body: _Common, max_tokens: int | None) -> SamplingPara
     )
 
 
-async def _program(core: Core, request: Request[Any, Any, Any], body: _Common) -> ProgramState:
+async def _program(core: Core, request: Request[Any, Any, Any], body: _Common,
+                   tenant: str) -> ProgramState:
     program_id, program_field = body.program_id, "program_id"
     if program_id is None and "x-program-id" in request.headers:
         program_id, program_field = request.headers["x-program-id"], "X-Program-Id"
@@ -170,7 +176,7 @@ async def _program(core: Core, request: Request[Any, Any, Any], body: _Common) -
             raise ApiError(400, f"{name} must be 1-128 printable characters", param=name)
     program_id, session_id = run_program(principal_of(request), program_id, program_field,
                                          session_id, session_field)
-    return await core.ensure_program(program_id, session_id)
+    return await open_program(core, program_id, session_id, tenant)
 
 
 def _usage(finish: Finish) -> dict[str, Any]:

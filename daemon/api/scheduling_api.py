@@ -1,9 +1,10 @@
 """The SLO scheduling stack over REST: what runs now, and the trace of its decisions.
 
-Ordering switches, rollbacks, the emergency bypass and policy changes concern no one
-session, so they are daemon-level trace events (no session id) and the session trace
-does not show them; `GET /v1/scheduling/trace` does. Admission refusals concern one
-request and are in its session's trace.
+Ordering switches, rollbacks, the emergency bypass, the LLM meta selector's decisions
+(`meta.llm`: what each rested on) and policy changes concern no one session, so they are
+daemon-level trace events (no session id) and the session trace does not show them;
+`GET /v1/scheduling/trace` does. Admission refusals concern one request and are in its
+session's trace. The status names the tenants' weights, SLO overrides and attainment.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from litestar.response import Stream
 from daemon.api.errors import ApiError, decode_body
 from daemon.api.policies_api import MAX_VERSION
 from daemon.api.policies_api import service as policy_service
+from daemon.api.tenants import request_tenant
 from daemon.auth import OPERATOR, READ, SUBMIT, principal_of
 from daemon.policies.registry import PolicyService
 from daemon.runtime import bundle_tools
@@ -186,12 +187,17 @@ class WorkflowsController(Controller):
         except (TypeError, ValueError) as exc:
             raise ApiError(400, f"args must be JSON: {exc}", param="args") from exc
         runs = runs_of(request)
+        tenant = await request_tenant(request, runs.core, None)
+        new_session = (body.session_id is None
+                       or await runs.core.slo.tenants.of(body.session_id) is None)
         try:
             version, specs = _run_tools(runs, tools, body)
             run = await runs.create(body.workflow, version, body.args, body.session_id,
                                     body.limits)
         except BundleError as exc:
             raise _bundle_error(exc) from exc
+        if new_session:  # the run's requests are scheduled as its starter's tenant
+            runs.core.slo.tenants.created(run.session_id, tenant)
         # Before the sandbox's first step: its task has not run yet.
         tools.bind_bundle(run.program_id, specs)
         if body.tools and run.program_id in runs.core.programs:
