@@ -61,14 +61,17 @@ class SandboxDenied(PermissionError):
 
 
 def apply_limits(limits: dict[str, Any]) -> None:
-    """setrlimit for what the daemon asked; each limit is both soft and hard."""
+    """setrlimit for what the daemon asked; each limit is both soft and hard (cpu: see below)."""
     def set_limit(which: int, value: int) -> None:
         resource.setrlimit(which, (value, value))
 
     if limits.get("memory_mb"):
         set_limit(resource.RLIMIT_AS, int(limits["memory_mb"]) * MIB)
     if limits.get("cpu_s"):
-        set_limit(resource.RLIMIT_CPU, int(limits["cpu_s"]))
+        # soft < hard: the soft limit sends SIGXCPU, reported as the cpu limit; with
+        # soft == hard the kernel sends a bare SIGKILL
+        cpu = int(limits["cpu_s"])
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     if limits.get("open_files"):
         set_limit(resource.RLIMIT_NOFILE, int(limits["open_files"]))
     if limits.get("file_size_mb"):

@@ -15,6 +15,8 @@ What is counted (the target for lost and duplicated is zero):
   or an answer's words are not exactly `sim0 ... sim{n-1}` (a failover that re-emitted or
   dropped tokens shows there);
 - runs that failed, and sessions whose managed list is not exactly [their run number];
+- processes the runs' jails killed when they ended: these runs leave none, so any is a
+  process that was not theirs (a jail that once took the next run's sandbox for its own);
 - the daemon's RSS over time (growth, slope), p50/p99 latency per window.
 
 Run: python -m bench.soak [--minutes 30] [--kill-every 180] [--out soak]
@@ -243,6 +245,14 @@ def _daemon_records(db: Path) -> dict[str, dict[str, int]]:
         return {p: {"records": n, "failovers": f or 0} for p, n, f in rows}
 
 
+def _reaper_kills(db: Path) -> int:
+    """Processes the soak runs' jails killed at their end (their run.reaped events)."""
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("select data from trace_events where kind = 'run.reaped' "
+                            "and session_id like 'soak-wf-%'")
+        return sum(max(0, int(json.loads(data).get("processes_killed", 0))) for data, in rows)
+
+
 def _state_mismatches(db: Path, runs: list[dict[str, Any]]) -> list[int]:
     """Finished runs whose session's stored managed list is not exactly [their number]
     (read from the store itself, after the daemon stopped)."""
@@ -296,6 +306,7 @@ def _summary(db: Path, tally: Tally) -> dict[str, Any]:
         "runs_failed": _histogram(str(r.get("reason") or r["status"]) for r in bad_runs),
         "runs_failed_examples": bad_runs[:5],
         "state_mismatches": _state_mismatches(db, runs),
+        "reaper_kills": _reaper_kills(db),
         "rss_start_mib": rss[0] if rss else None, "rss_end_mib": rss[-1] if rss else None,
         "rss_growth_after_warmup_mib": (warm[-1] - warm[0]) if warm else None,
         "rss_slope_mib_per_min": slope,

@@ -13,7 +13,9 @@ A `Jail` per run: a uid of its own (root daemon), a pids cgroup, the unix socket
 network namespace's relay reaches the daemon through, the pipe that hands the layers to
 the sandbox, and a supervisor that watches the working directory's size where no tmpfs
 quota holds it, kills every process the run left once its main process ends (even ones
-that left its process group), and records what it did in the run's trace.
+that left its process group), and records what it did in the run's trace. It holds the
+namespaces the sandbox entered from its report until then: their inode numbers are how it
+finds the run's processes, and a freed number soon names another run's fresh namespace.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ DISABLE_ENV = "AGENTD_SANDBOX_DISABLE"
 WATCH_INTERVAL_S = 0.1
 PROBE_TIMEOUT_S = 30.0
 ALWAYS = ("rlimits",)
+NAMESPACES = ("user", "mnt", "net")  # the kinds a sandbox reports (agentd/sandbox.py)
 Event = Callable[..., None]
 
 
@@ -242,6 +245,8 @@ class Jail:
         self.work: Path | None = None
         self.killed_for: str | None = None
         self.marks: dict[str, int] = {}  # namespace type -> inode that marks the run's processes
+        self.held: dict[str, int] = {}  # namespace type -> fd keeping it alive until the reap
+        self.started: int | None = None  # the sandbox's start time (procs.start_time)
         self.closed = asyncio.Event()
         self._supervisor: asyncio.Task[None] | None = None
 
@@ -265,6 +270,8 @@ class Jail:
             finally:
                 os.close(read_fd)
                 os.close(report_write_fd)
+            # Now the sandbox waits for its spec on stdin, so this pid is surely it.
+            self.started = procs.start_time(self.proc.pid)
         except BaseException:
             if report_fd >= 0:
                 os.close(report_fd)
@@ -327,12 +334,25 @@ class Jail:
 
     # --- while it runs, and after -------------------------------------------------------
 
-    def _on_report(self, report: dict[str, Any]) -> None:
+    def _take_report(self, fd: int) -> dict[str, Any] | None:
         """The sandbox's own account, written before user code: the layers it applied and
-        the namespaces it entered (those that differ from the daemon's mark its processes)."""
-        for kind, inode in (report.get("ns") or {}).items():
-            if inode != os.stat(f"/proc/self/ns/{kind}").st_ino:
-                self.marks[kind] = int(inode)
+        the namespaces it entered. Those that differ from the daemon's mark its processes,
+        once held: at once, in this thread, as the sandbox goes on and could soon end."""
+        report = _read_report(fd)
+        if report is None or self.proc is None:
+            return report
+        entered = {kind: inode for kind, inode in (report.get("ns") or {}).items()
+                   if kind in NAMESPACES and isinstance(inode, int)
+                   and inode != os.stat(f"/proc/self/ns/{kind}").st_ino}
+        self.held = procs.hold_namespaces(self.proc.pid, self.started, entered)
+        self.marks = {kind: entered[kind] for kind in self.held}
+        if len(self.held) < len(entered):
+            log.warning("run %s ended before its namespaces (%s) could be held; what it left "
+                        "there is found by process group, cgroup and uid only", self.run_id,
+                        ", ".join(sorted(set(entered) - set(self.held))))
+        return report
+
+    def _on_report(self, report: dict[str, Any]) -> None:
         layers = list(report.get("layers") or [])
         if "tmpfs-quota" not in layers:
             layers.append("disk-watchdog")
@@ -343,7 +363,7 @@ class Jail:
 
     async def _supervise(self, proc: asyncio.subprocess.Process, report_fd: int) -> None:
         try:
-            report = await asyncio.to_thread(_read_report, report_fd)
+            report = await asyncio.to_thread(self._take_report, report_fd)
             if report is not None:
                 self._on_report(report)
             if "mountns" not in self.layers:
@@ -397,6 +417,7 @@ class Jail:
         return killed, refused
 
     async def _close(self) -> None:
+        procs.release(self.held)  # after the last kill by mark: see the module docstring
         if self.relay is not None:
             self.relay.close()
             with contextlib.suppress(Exception):

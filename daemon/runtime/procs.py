@@ -1,6 +1,11 @@
 """A run's processes and files as the daemon sees them from outside: find every process
 of a run (by its uid, or by a namespace it entered: neither can be left), kill them all
-until none is left, pick a free uid, measure a directory."""
+until none is left, pick a free uid, measure a directory.
+
+A namespace's inode number names it only while it lives: the kernel gives a freed number
+to the next namespace created anywhere on the machine. `hold_namespaces` keeps a run's
+namespaces alive (an open fd of each) so that `marked` finds that run's processes and no
+one else's; whoever holds them closes the fds only after the last kill."""
 
 from __future__ import annotations
 
@@ -52,6 +57,43 @@ def marked(marks: dict[str, int]) -> set[int]:
                             found.add(int(entry.name))
                     break
     return found
+
+
+def start_time(pid: int) -> int | None:
+    """Clock ticks after boot when `pid` started: with the pid it names one process, even
+    once the pid is reused."""
+    with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+    return None
+
+
+def hold_namespaces(pid: int, started: int | None, inodes: dict[str, int]) -> dict[str, int]:
+    """kind -> an open fd of each namespace in `inodes` that the process (`pid`, started at
+    `started`) is still in. A namespace it already left or that is gone is not held: its
+    number may be someone else's by now."""
+    held: dict[str, int] = {}
+    for kind, inode in inodes.items():
+        try:
+            fd = os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        if os.fstat(fd).st_ino == inode:
+            held[kind] = fd
+        else:
+            os.close(fd)
+    # Still the same process after the opens: then they read its namespaces, not those
+    # of a later process that got its pid.
+    if held and (started is None or start_time(pid) != started):
+        release(held)
+        return {}
+    return held
+
+
+def release(held: dict[str, int]) -> None:
+    for fd in held.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    held.clear()
 
 
 def kill_marked(marks: dict[str, int]) -> int:

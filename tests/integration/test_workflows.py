@@ -165,6 +165,14 @@ def test_memory_limit_stops_the_run(d: DaemonProcess) -> None:
     assert "memory limit exceeded" in view["error"]["reason"]
 
 
+def test_cpu_limit_stops_the_run(d: DaemonProcess) -> None:
+    src = "def main():\n    while True:\n        pass\n"
+    assert register(d, "spin", {"main.py": src}).status_code == 201
+    view = run_to_end(d, {"workflow": "spin", "limits": {"cpu_s": 1}}, timeout=60)
+    assert view["status"] == "failed"
+    assert view["error"]["reason"] == "cpu time limit exceeded (1 s)"
+
+
 def test_run_cannot_open_the_daemon_database(d: DaemonProcess) -> None:
     db = d.data_dir / "agentd.db"
     assert db.is_file()
