@@ -6,10 +6,10 @@ llama3-8b-h100 workers, all five KV policies side by side plus the no-thrash bou
 
 The JSON's ``ablation`` rows rerun ``agentd`` on the synthetic agents at the lowest and
 the highest concurrency with each ``AgentdOptions`` flag flipped (on-by-default ones off,
-opt-in ones on); at the highest also ThunderAgent and agentd with a longer force-resume
-timeout and with none (the 30 s default forces programs to take turns there, and each
-turn recomputes a context), and the flags flipped again with none. stdout gets a
-markdown table per workload and one for the ablation.
+opt-in ones on) and with a longer hold; at the highest also ThunderAgent and agentd with
+a longer force-resume timeout and with none, which shows what each one's wait bound costs.
+stdout gets a markdown table per workload and one for the ablation; ``wait p99/max`` is
+ready-to-first-token, counting requests still unserved at the end as waiting until then.
 
 Per-worker KV is the H100's 444k tokens: the synthetic agents' contexts (median 17k
 tokens at the first round, growing about 2k a round) already overflow two workers past
@@ -44,9 +44,12 @@ CONCURRENCY = (16, 32, 64, 128, 256)
 KV_TOKENS = 444_000
 DURATION_S = 300.0
 # AgentdOptions flags that are on by default; each ablation row turns one of them off.
-ON_BY_DEFAULT = ("spread_admission", "predicted_hold", "migration_cost")
+ON_BY_DEFAULT = ("fair_resume", "release_on_demand", "longest_acting_first", "cached_first",
+                 "spread_admission", "migration_cost", "balance_route")
 # Flags off by default; each ablation row turns one of them on.
-OFF_BY_DEFAULT = ("fleet_prior", "share_prefix", "smooth_admission")
+OFF_BY_DEFAULT = ("overdue_first", "predicted_hold", "share_prefix", "smooth_admission")
+# Other values of numeric options, one row each.
+VALUES = (("hold_s", 15.0),)
 FORCE_RESUME_S = (120.0, float("inf"))
 
 
@@ -65,32 +68,31 @@ def main_variant(policy: str) -> Variant:
     return make_kv_policy(policy), KV_TOKENS, KvConfig()
 
 
-def flag_variants(kv: KvConfig, suffix: str = "") -> dict[str, Variant]:
-    """agentd as shipped and with each `AgentdOptions` flag flipped."""
+def flag_variants(kv: KvConfig) -> dict[str, Variant]:
+    """agentd as shipped, with each `AgentdOptions` flag flipped, and with `VALUES`."""
     base = AgentdOptions()
-    rows: dict[str, Variant] = {f"agentd{suffix}": (AgentdPolicy(base), KV_TOKENS, kv)}
+    rows: dict[str, Variant] = {"agentd": (AgentdPolicy(base), KV_TOKENS, kv)}
     for f in ON_BY_DEFAULT:
-        rows[f"agentd -{f}{suffix}"] = (
-            AgentdPolicy(replace(base, **{f: False})), KV_TOKENS, kv)
+        off: dict[str, Any] = {f: 0.0 if isinstance(getattr(base, f), float) else False}
+        rows[f"agentd -{f}"] = (AgentdPolicy(replace(base, **off)), KV_TOKENS, kv)
     for f in OFF_BY_DEFAULT:
-        rows[f"agentd +{f}{suffix}"] = (AgentdPolicy(replace(base, **{f: True})), KV_TOKENS, kv)
+        rows[f"agentd +{f}"] = (AgentdPolicy(replace(base, **{f: True})), KV_TOKENS, kv)
+    for f, value in VALUES:
+        changes: dict[str, Any] = {f: value}
+        rows[f"agentd {f}={value:g}"] = (AgentdPolicy(replace(base, **changes)), KV_TOKENS, kv)
     return rows
 
 
 def ablation_variants(high: bool) -> dict[str, Variant]:
     """Every flag flipped at low and at high load; at high load also both program-aware
-    policies under longer force-resume timeouts, and the flags again with none (where
-    the timeout no longer forces programs to take turns)."""
+    policies under a longer force-resume timeout and with none."""
     rows = flag_variants(KvConfig())
     if not high:
         return rows
     for limit, name in product(FORCE_RESUME_S, ("thunderagent", "agentd")):
         rows[f"{name} force_resume_s={limit:g}"] = (
             make_kv_policy(name), KV_TOKENS, KvConfig(force_resume_s=limit))
-    unbounded = KvConfig(force_resume_s=float("inf"))
-    flags = flag_variants(unbounded, " force_resume_s=inf")
-    del flags["agentd force_resume_s=inf"]  # already a row above
-    return {**rows, **flags}
+    return rows
 
 
 Task = tuple[str, int, str, bool]  # workload, concurrency, label, ablation row?
@@ -179,8 +181,9 @@ def tables(rows: list[dict[str, Any]]) -> str:
     out = []
     for w in dict.fromkeys(r["workload"] for r in rows):
         out += [f"\n{w} (simulated, 2 workers x {KV_TOKENS} tokens)\n",
-                "| policy | c | steps/min | vs vllm-default | prefix hit | imbalance mean/peak |",
-                "|---|---|---|---|---|---|"]
+                "| policy | c | steps/min | vs vllm-default | prefix hit | imbalance mean/peak "
+                "| paused share | wait p99/max s | unserved |",
+                "|---|---|---|---|---|---|---|---|---|"]
         for policy in (*POLICIES, BOUND):
             for r in (r for r in rows if r["workload"] == w and r["policy"] == policy):
                 out.append(_line(rows, r))
@@ -189,20 +192,28 @@ def tables(rows: list[dict[str, Any]]) -> str:
 
 def ablation_table(ablated: list[dict[str, Any]]) -> str:
     out = ["\nablation (synthetic agents)\n",
-           "| variant | c | steps/min | prefix hit | preemptions | imbalance mean/peak |",
-           "|---|---|---|---|---|---|"]
+           "| variant | c | steps/min | prefix hit | preemptions | imbalance mean/peak "
+           "| paused share | wait p99/max s |",
+           "|---|---|---|---|---|---|---|---|"]
     for r in ablated:
-        imb = r["kv_imbalance"]
         out.append(f"| {r['policy']} | {r['concurrency']} | {r['throughput_steps_per_min']} | "
-                   f"{r['prefix_hit_rate']} | {r['preemptions']} | "
-                   f"{imb['mean']}/{imb['peak']} |")
+                   f"{r['prefix_hit_rate']} | {r['preemptions']} | {_imb(r)} | "
+                   f"{r['paused_share']} | {_wait(r)} |")
     return "\n".join(out)
 
 
+def _imb(r: dict[str, Any]) -> str:
+    return f"{r['kv_imbalance']['mean']}/{r['kv_imbalance']['peak']}"
+
+
+def _wait(r: dict[str, Any]) -> str:
+    return f"{r['wait_s']['p99']:.0f}/{r['wait_s']['max']:.0f}"
+
+
 def _line(rows: list[dict[str, Any]], r: dict[str, Any]) -> str:
-    imb = r["kv_imbalance"]
     return (f"| {r['policy']} | {r['concurrency']} | {r['throughput_steps_per_min']} | "
-            f"{_ratio(rows, r):.2f}x | {r['prefix_hit_rate']} | {imb['mean']}/{imb['peak']} |")
+            f"{_ratio(rows, r):.2f}x | {r['prefix_hit_rate']} | {_imb(r)} | "
+            f"{r['paused_share']} | {_wait(r)} | {r['unserved_requests']} |")
 
 
 def targets(rows: list[dict[str, Any]], concs: tuple[int, ...]) -> str:
@@ -212,18 +223,17 @@ def targets(rows: list[dict[str, Any]], concs: tuple[int, ...]) -> str:
                     and r["policy"] == p)
 
     hi, lo = _ratio(rows, row(max(concs), "agentd")), _ratio(rows, row(min(concs), "agentd"))
-    agentd = [r for r in rows if r["policy"] == "agentd" and r["workload"] == "synthetic-agents"]
-    hit = min(float(r["prefix_hit_rate"]) for r in agentd)
-    imb = max(float(r["kv_imbalance"]["mean"]) for r in agentd)
+    hits = ", ".join(f"{c}: {row(c, 'agentd')['prefix_hit_rate']}" for c in concs)
+    imb = ", ".join(f"{c}: {row(c, 'agentd')['kv_imbalance']['mean']}" for c in concs)
+
     def tput(c: int, p: str) -> float:
         return float(row(c, p)["throughput_steps_per_min"])
 
     gap = ", ".join(f"c={c}: {tput(c, 'agentd') / max(tput(c, BOUND), 1e-9):.2f}" for c in concs)
     return (f"agentd/vllm-default throughput: {hi:.2f}x at c={max(concs)} (target >= 2.0), "
-            f"{lo:.2f}x at c={min(concs)} (target >= 0.97); agentd prefix hit min {hit:.3f} "
-            f"(target >= 0.95); agentd KV imbalance mean max {imb:.3f} (target <= 0.10); "
+            f"{lo:.2f}x at c={min(concs)} (target >= 0.97); agentd prefix hit by c {hits} "
+            f"(target >= 0.95); agentd KV imbalance mean by c {imb} (target <= 0.10); "
             f"agentd/no-thrash bound: {gap}")
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

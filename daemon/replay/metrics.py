@@ -78,6 +78,11 @@ class RunTotals:
     rollbacks: int = 0
 
 
+def _waits(records: Sequence[RequestRecord], end_s: float) -> dict[str, float]:
+    waits = [(end_s if r.first_token is None else r.first_token) - r.arrival for r in records]
+    return {**quantiles(waits), "max": round(max(waits, default=0.0), 4)}
+
+
 def result_row(totals: RunTotals, policy: str, ordering: str, wall_s: float) -> dict[str, Any]:
     done = [r for r in totals.records if r.finish is not None and r.first_token is not None]
     comps = [r.completion() for r in done]
@@ -114,6 +119,10 @@ def result_row(totals: RunTotals, policy: str, ordering: str, wall_s: float) -> 
         "ttft_compliance": round(slo_metrics.ttft_compliance(comps), 4),
         "tpot_compliance": round(slo_metrics.tpot_compliance(comps), 4),
         "ttft_s": quantiles([c.ttft_s for c in comps]),
+        # Ready to first token, counting requests still unserved at the end as waiting
+        # until then: what a wait bound (force-resume) promises, for every policy alike.
+        "wait_s": _waits(totals.records, totals.elapsed_s),
+        "unserved_requests": sum(1 for r in totals.records if r.first_token is None),
         "policy_switches": totals.policy_switches,
         "rollbacks": totals.rollbacks,
         "simulated": True,

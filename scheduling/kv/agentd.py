@@ -4,68 +4,108 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+from scheduling.kv.balance import rebalance
+from scheduling.kv.decisions import Decision, placements
+from scheduling.kv.fairness import serve_overdue
 from scheduling.kv.ledger import Ledger, decay
-from scheduling.kv.plan import Plan, pause_order
+from scheduling.kv.plan import Plan, pause_order, restore_order
+from scheduling.kv.release import make_room
 from scheduling.kv.thunder import ThunderAgentPolicy
-from scheduling.kv.view import KvView, ProgramStatus, ProgramView
+from scheduling.kv.view import RESIDENT, WAITING, KvView, ProgramStatus, ProgramView
 
 
 @dataclass(frozen=True)
 class AgentdOptions:
-    """Each flag turns one addition on or off for an ablation (bench/kv.py runs them).
+    """Each flag turns one addition on or off for an ablation (bench/kv.py runs them;
+    the numbers quoted are from its synthetic-agent sweep, 2 workers x 444k tokens).
 
-    predicted_hold: a program keeps full weight for its predicted tool time (its own
-        mean tool time, capped at `hold_cap_s`) after its tool starts, then decays
-        with the global λ; while held it is paused only after every unheld ACTING
-        program. The paper's global decay assumes tool time is unpredictable; when a
-        program's history says when it returns, evicting it (or letting newcomers
-        into its room) during the tool only buys a recompute on its return.
-    fleet_prior: a program with no tool history yet is predicted the fleet-wide
-        mean of the programs' mean tool times (`config.default_tool_time_s` before
-        any tool was seen) instead of 0, so a new program's first tool does not
-        reopen its room at once. Needs `predicted_hold`. Off by default: in the
-        synthetic-agent sweep it cost throughput at high load (bench/kv.py ablation).
+    fair_resume: the wait bound of `scheduling/kv/fairness.py` instead of
+        ThunderAgent's force-resume: the oldest waiting program is swapped in once
+        it waited `force_resume_s` per waiting program per worker, and no placement
+        counts the room of a marked program whose request still runs as free. The
+        fixed bound makes every overdue program overcommit a worker: at 256
+        programs the engine then does little but recompute.
+    overdue_first: every program past `force_resume_s` is placed before all others,
+        oldest first, and reserves a worker until it fits (strict FIFO among late
+        programs). Off by default: it replaces shortest-first by FIFO under load
+        and leaves reserved room idle, about a third of the throughput at 256.
+    hold_s: after a request ends, a program keeps its room for `hold_s`. Tool times
+        are heavy-tailed (half the synthetic agents' tools end within a second, one
+        in ten runs past 20 s), so a tool that has not ended after a few seconds
+        is likely to run long. Recomputing a 25k-token context costs about as much
+        GPU time as holding it idle for 20 s, but a released program's blocks stay
+        in vLLM's LRU for a while (about 10 s at 256 programs) and are reused if it
+        returns by then, so the hold can be shorter: 5 s and 15 s give the same
+        throughput within seed noise, 15 s a point or two more prefix hits.
+    release_on_demand: past its hold a program keeps its full room until a waiting
+        program needs it; then it is paused, longest acting first. ThunderAgent
+        instead lends a decaying share of an acting program's room to newcomers
+        while it stays admitted, so its return overcommits the worker and pauses
+        another program.
+    predicted_hold: hold a program for its own predicted tool time (mean of its past
+        tools, capped at `hold_s`) instead of `hold_s`. Off by default: the
+        synthetic agents' tool times are independent draws, so a program's mean
+        says little about its next tool.
+    fleet_prior: with `predicted_hold`, a program with no tool history yet is
+        predicted the fleet-wide mean of the programs' mean tool times
+        (`config.default_tool_time_s` before any tool was seen); else `hold_s`.
+    longest_acting_first: among acting programs, pause the one acting longest
+        first (its tool is the likeliest to run on, and vLLM's LRU frees the
+        oldest blocks first, so it has the least cache left to lose), not the
+        shortest; among reasoning ones, mark the one whose request has run longest
+        (its room is likely to free soonest). ThunderAgent pauses shortest first
+        to minimise recompute.
+    cached_first: among paused programs with a ready request, restore those whose
+        blocks are still cached first; waiting costs them their cache, while the
+        others have nothing left to lose.
     spread_admission: a new program goes to the fitting worker with the most room
         left (spreading load, so no worker idles at low load); restores keep best fit.
+    migration_cost: a restore goes to the fitting worker where the fewest tokens
+        must be recomputed (its blocks still cached there, or its prefix group
+        resident), then its last worker (vLLM evicts a freed request's tail first,
+        so its prefix may survive there), best fit breaking ties. ThunderAgent
+        assumes all KV is gone.
+    balance_route: the ready request of an acting program goes to the least-used
+        worker instead of its own when its own worker's KV use would exceed that
+        worker's by more than this fraction (0 = never). With no program paused
+        there is no restore to rebalance the workers, and with a few programs per
+        worker their requests' KV comes and goes in large steps.
     share_prefix: programs of one prefix group on one worker hold the shared prefix
         once (vLLM's prefix cache dedups it), so demand and placement cost count it once.
         Off by default: counting the prefix per program is the only slack the ledger
         leaves for running requests' decode growth, and without it the engine
-        preempts and the LRU drops ACTING programs' blocks (bench/kv.py ablation).
-    migration_cost: a restore goes to the fitting worker where the fewest tokens
-        must be recomputed (its blocks still cached there, or its prefix group
-        resident), best fit breaking ties. ThunderAgent assumes all KV is gone.
+        preempts and the LRU drops acting programs' blocks.
     smooth_admission: at most `admits_per_tick` new programs per worker per step,
         and only into room left after reserving `growth_reserve` of capacity, so a
         burst of arrivals does not fill a worker that running contexts will outgrow.
-        Off by default: the reserve bought about 3% at 32 programs but cost 3% at
-        256, and 14-22% at 256 once force-resume no longer forces rotation, where
-        it keeps newcomers (short contexts, many per GB of KV) out behind
-        long-context programs (bench/kv.py ablation).
-
-    There is no "patient" force-resume: waiting past `force_resume_s` for really
-    free room is the same as a longer timeout without its bound (in the synthetic
-    sweep at 256 programs it left 223 programs unserved for up to 300 s). A longer
-    `KvConfig.force_resume_s` gives that throughput and keeps a bound.
+        Off by default: it keeps newcomers (short contexts, many per GB of KV) out
+        behind long-context programs at high load.
     """
 
-    predicted_hold: bool = True
-    hold_cap_s: float = 5.0
+    fair_resume: bool = True
+    overdue_first: bool = False
+    hold_s: float = 5.0
+    release_on_demand: bool = True
+    predicted_hold: bool = False
     fleet_prior: bool = False
+    longest_acting_first: bool = True
+    cached_first: bool = True
     spread_admission: bool = True
-    share_prefix: bool = False
     migration_cost: bool = True
+    balance_route: float = 0.2
+    share_prefix: bool = False
     smooth_admission: bool = False
     admits_per_tick: int = 4
     growth_reserve: float = 0.05
 
 
 class AgentdPolicy(ThunderAgentPolicy):
-    """ThunderAgent with predicted tool hold, spread admission, migration-cost-aware
-    restore and (opt-in) fleet prior, prefix sharing and smoothed admission; see
-    `AgentdOptions` for each one and its flag."""
+    """ThunderAgent with a queue-scaled wait bound, a hold window then release on
+    demand, cache-aware pause and restore order, spread admission, migration-cost
+    aware restore and request rebalancing; see `AgentdOptions` for each one."""
 
     name = "agentd"
 
@@ -73,24 +113,62 @@ class AgentdPolicy(ThunderAgentPolicy):
         self.options = options or AgentdOptions()
         self.share_prefix = self.options.share_prefix
 
+    def decide(self, view: KvView, now: float) -> list[Decision]:
+        plan = self._plan(view, now)
+        self._relieve(plan)
+        if self.options.fair_resume:
+            serve_overdue(plan, now, self.choose_worker, True, self.options.overdue_first)
+        else:
+            self._force_resume(plan, now)
+        self._place_queue(plan, now, release=self.options.release_on_demand)
+        return plan.decisions
+
+    def route(self, view: KvView, program_id: str, now: float) -> str | None:
+        program = view.program(program_id)
+        if program.status is ProgramStatus.ACTING and program.pending_request:
+            if self.options.balance_route > 0:
+                return rebalance(view, program, self.options.balance_route,
+                                 lambda w: self._fits_now(view, w, program, now))
+            return view.home_worker(program)
+        if program.status in RESIDENT or not program.waiting:
+            return view.home_worker(program) if program.status in RESIDENT else None
+        # Placing only, as ThunderAgent's route: nothing may rely on pauses not yet applied.
+        plan = self._plan(view, now)
+        if self.options.fair_resume:
+            serve_overdue(plan, now, self.choose_worker, False, self.options.overdue_first)
+        if program_id not in plan.handled:
+            self._place_queue(plan, now, release=False, until=program_id)
+        return placements(plan.decisions).get(program_id)
+
     def weight(self, program: ProgramView, view: KvView, now: float) -> float:
         return self._weight(program, view, now, fleet_tool_mean(view))
 
     def pause_key(self, program: ProgramView, view: KvView, now: float) -> Any:
         return self._pause_key(program, now, fleet_tool_mean(view))
 
+    def held(self, program: ProgramView, view: KvView, now: float) -> bool:
+        """Is an ACTING `program` still inside its hold window?"""
+        return self._held(program, now, fleet_tool_mean(view))
+
+    def restore_key(self, program: ProgramView) -> Any:
+        """`restore_order`, with still-cached programs first within a rank."""
+        rank, tokens, pid = restore_order(program)
+        return (rank, self.options.cached_first and not program.kv_resident, tokens, pid)
+
     def fits(self, plan: Plan, worker_id: str, program: ProgramView) -> bool:
         low = plan.view.config.low_watermark
-        if plan.ledger.room(worker_id, low) < plan.ledger.cost(worker_id, program):
+        if worker_id in plan.reserved:
+            return False
+        room = (plan.ledger.room_now(worker_id, low) if self.options.fair_resume
+                else plan.ledger.room(worker_id, low))
+        if room < plan.ledger.cost(worker_id, program):
             return False
         if not self.options.smooth_admission or program.status is not ProgramStatus.QUEUED:
             return True
         if plan.admitted[worker_id] >= self.options.admits_per_tick:
             return False
         reserve = plan.ledger.limit(worker_id, self.options.growth_reserve)
-        return plan.ledger.room(worker_id, low) - reserve >= (
-            plan.ledger.cost(worker_id, program)
-        )
+        return room - reserve >= plan.ledger.cost(worker_id, program)
 
     def choose_worker(self, plan: Plan, program: ProgramView) -> str | None:
         fitting = [
@@ -103,6 +181,32 @@ class AgentdPolicy(ThunderAgentPolicy):
             return super().choose_worker(plan, program)
         return min(fitting, key=lambda w: _restore_score(plan, w, program), default=None)
 
+    def _place_queue(self, plan: Plan, now: float, release: bool,
+                     until: str | None = None) -> None:
+        """The global queue in `restore_key` order; a waiting program that fits
+        nowhere may, with `release`, take the room of programs past their hold.
+        Stops after program `until`."""
+        prior = fleet_tool_mean(plan.view)
+        queue = [p for p in plan.view.programs if p.status in WAITING]
+        for program in sorted(queue, key=self.restore_key):
+            if program.program_id not in plan.handled:
+                worker_id = self.choose_worker(plan, program)
+                if worker_id is None and release and program.waiting:
+                    worker_id = make_room(plan, program, lambda p: self._held(p, now, prior),
+                                          partial(_score_on, plan, program))
+                if worker_id is not None:
+                    queued = program.status is ProgramStatus.QUEUED
+                    plan.place(program, worker_id, "admit" if queued else "restore")
+            if program.program_id == until:
+                return
+
+    def _fits_now(self, view: KvView, worker_id: str, program: ProgramView, now: float) -> bool:
+        plan = self._plan(view, now)
+        if program.worker_id == worker_id:
+            return True
+        low = view.config.low_watermark
+        return plan.ledger.room_now(worker_id, low) >= plan.ledger.cost(worker_id, program)
+
     def _plan(self, view: KvView, now: float) -> Plan:
         prior = fleet_tool_mean(view)
         ledger = Ledger(view, lambda p: self._weight(p, view, now, prior), self.share_prefix)
@@ -111,26 +215,38 @@ class AgentdPolicy(ThunderAgentPolicy):
     def _weight(self, program: ProgramView, view: KvView, now: float, prior: float) -> float:
         if program.status is not ProgramStatus.ACTING or program.acting_since is None:
             return 1.0
+        if self.options.release_on_demand:
+            return 1.0
         elapsed = now - program.acting_since - self._hold(program, prior)
         return decay(elapsed, view.config.decay_lambda)
 
     def _pause_key(self, program: ProgramView, now: float, prior: float) -> Any:
+        """ACTING before REASONING; with `longest_acting_first`, within each the one
+        whose last request ended longest ago first, those inside the hold window
+        after all others. For a REASONING program that is the request running
+        longest (counting its tool), likely the nearest its end, so a marked
+        program's room frees soonest; a first request counts as just started."""
         reasoning, tokens, pid = pause_order(program)
-        return (reasoning, self._held(program, now, prior), tokens, pid)
+        if not self.options.longest_acting_first:
+            return (reasoning, self._held(program, now, prior), 0.0, tokens, pid)
+        since = now if program.acting_since is None else program.acting_since
+        recent = now - since < self._hold(program, prior)
+        return (reasoning, recent, since, tokens, pid)
 
     def _held(self, program: ProgramView, now: float, prior: float) -> bool:
-        if program.acting_since is None:
+        if program.status is not ProgramStatus.ACTING or program.acting_since is None:
             return False
         return now - program.acting_since < self._hold(program, prior)
 
     def _hold(self, program: ProgramView, prior: float) -> float:
-        """Seconds of full weight after a tool starts: the predicted tool time."""
+        """Seconds after its request ends (or its tool starts) that a program keeps
+        its room: `hold_s`, or with `predicted_hold` its predicted tool time."""
         if not self.options.predicted_hold:
-            return 0.0
+            return self.options.hold_s
         mean = program.tool_time_mean_s
         if mean is None:
-            mean = prior if self.options.fleet_prior else None
-        return mean if mean is not None and mean <= self.options.hold_cap_s else 0.0
+            mean = prior if self.options.fleet_prior else self.options.hold_s
+        return min(mean, self.options.hold_s)
 
 
 def fleet_tool_mean(view: KvView) -> float:
@@ -159,7 +275,16 @@ def recompute_tokens(plan: Plan, worker_id: str, program: ProgramView) -> int:
     return program.context_tokens - plan.ledger.cached_prefix(worker_id, program)
 
 
-def _restore_score(plan: Plan, worker_id: str, program: ProgramView) -> tuple[int, float, str]:
+def _score_on(plan: Plan, program: ProgramView, worker_id: str) -> tuple[int, bool, float, str]:
+    """Where to make room: least recompute, then its last worker, then most room now."""
+    recompute, away, _, _ = _restore_score(plan, worker_id, program)
+    room = plan.ledger.room_now(worker_id, plan.view.config.low_watermark)
+    return (recompute, away, -room, worker_id)
+
+
+def _restore_score(plan: Plan, worker_id: str, program: ProgramView
+                   ) -> tuple[int, bool, float, str]:
     low = plan.view.config.low_watermark
     leftover = plan.ledger.room(worker_id, low) - plan.ledger.cost(worker_id, program)
-    return (recompute_tokens(plan, worker_id, program), leftover, worker_id)
+    away = worker_id != program.worker_id
+    return (recompute_tokens(plan, worker_id, program), away, leftover, worker_id)

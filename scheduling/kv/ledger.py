@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from scheduling.kv.view import RESIDENT, KvView, ProgramView
+from scheduling.kv.view import RESIDENT, KvView, ProgramStatus, ProgramView
 
 Weight = Callable[[ProgramView], float]
 _GroupKey = tuple[str, str]
@@ -27,7 +27,9 @@ class Ledger:
     plus, when prefixes are shared, each booked prefix group's prefix once.
     Unhealthy workers get capacity 0, so everything on them looks over the limit.
     Programs marked to pause after their request are not booked: the plan already
-    counts them gone.
+    counts them gone. Their tokens are kept apart as `leaving(w)` until the request
+    ends, because until then the engine still holds them: `room_now` is the room
+    a placement can use without overcommitting the worker.
     """
 
     def __init__(self, view: KvView, weight: Weight, share_prefix: bool = False) -> None:
@@ -39,9 +41,14 @@ class Ledger:
         self._groups: dict[_GroupKey, int] = {}
         self._prefix: dict[_GroupKey, int] = {}
         self._booked: dict[str, tuple[str, float, _GroupKey | None]] = {}
+        self._leaving = dict.fromkeys(self._capacity, 0.0)
         for p in view.programs:
-            if p.status in RESIDENT and p.worker_id in self._capacity and not p.pause_marked:
+            if p.status not in RESIDENT or p.worker_id not in self._capacity:
+                continue
+            if not p.pause_marked:
                 self.book(p.worker_id, p, weight(p))
+            elif p.status is ProgramStatus.REASONING:
+                self._leaving[p.worker_id] += p.context_tokens
 
     def worker_ids(self) -> list[str]:
         return sorted(self._capacity)
@@ -59,6 +66,10 @@ class Ledger:
 
     def room(self, worker_id: str, watermark: float) -> float:
         return self.limit(worker_id, watermark) - self.demand(worker_id)
+
+    def room_now(self, worker_id: str, watermark: float) -> float:
+        """`room` less the tokens of marked programs whose request still runs."""
+        return self.room(worker_id, watermark) - self._leaving[worker_id]
 
     def is_healthy(self, worker_id: str) -> bool:
         return self._capacity.get(worker_id, 0) > 0
@@ -89,9 +100,12 @@ class Ledger:
         entry = self._booked.get(program_id)
         return 0.0 if entry is None else entry[1]
 
-    def unbook(self, program_id: str) -> None:
+    def unbook(self, program_id: str, leaving: bool = False) -> None:
+        """Drop a program's demand; `leaving`: it keeps its KV until its request ends."""
         worker_id, amount, key = self._booked.pop(program_id)
         self._members[worker_id] -= amount
+        if leaving:
+            self._leaving[worker_id] += amount
         if key:
             self._groups[key] -= 1
 

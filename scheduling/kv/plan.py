@@ -15,7 +15,9 @@ class Plan:
     """Decisions accumulate here while the ledger tracks their effect on demand.
 
     Invariant: a program appears in at most one decision per step (`handled`), so
-    nothing paused in a step is restored in the same step.
+    nothing paused in a step is restored in the same step. `reserved` workers are
+    held for an overdue program that does not fit yet: policies that honour it
+    place nothing else there in this step.
     """
 
     def __init__(
@@ -27,15 +29,17 @@ class Plan:
         self.decisions: list[Decision] = []
         self.handled: set[str] = set()
         self.admitted = Counter[str]()
+        self.reserved: set[str] = set()
 
     def evict(self, program: ProgramView, reason: str) -> None:
         """Pause an ACTING program now, or mark a REASONING one for later."""
         assert program.worker_id is not None
-        if program.status is ProgramStatus.REASONING:
+        reasoning = program.status is ProgramStatus.REASONING
+        if reasoning:
             self.decisions.append(MarkPauseAfterRequest(program.program_id, reason))
         else:
             self.decisions.append(Pause(program.program_id, program.worker_id, reason))
-        self.ledger.unbook(program.program_id)
+        self.ledger.unbook(program.program_id, leaving=reasoning)
         self.handled.add(program.program_id)
 
     def place(self, program: ProgramView, worker_id: str, reason: str) -> None:

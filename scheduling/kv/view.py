@@ -90,9 +90,9 @@ class KvConfig:
     `force_resume_s` bounds how long a ready request waits for admission (the
     paper has no such bound). It is a trade: when more programs want KV than fits
     and each holds it for minutes, a bound shorter than a program's lifetime forces
-    rotation, and every forced turn recomputes a context. In the synthetic-agent
-    sweep (bench/kv.py) 30 s costs ThunderAgent and agentd 40-45% of their
-    throughput at 64-256 programs against no bound.
+    rotation, and every forced turn recomputes a context. ThunderAgent places an
+    overdue program at once; agentd scales the bound with the queue
+    (scheduling/kv/fairness.py).
     """
 
     check_interval_s: float = 0.3

@@ -10,7 +10,7 @@ from daemon.kv_control import ProgramViews, _program_view
 from daemon.state import ProgramState, ProgramStatus
 from daemon.tool_clock import ToolClocks
 from scheduling.kv import KvView, ProgramView, WorkerView
-from scheduling.kv.agentd import AgentdPolicy
+from scheduling.kv.agentd import AgentdOptions, AgentdPolicy
 
 S = ProgramStatus
 FIELDS = {
@@ -133,15 +133,15 @@ def test_a_tool_started_before_the_request_ended_does_not_move_the_clock_back() 
 
 def test_measured_tool_time_is_what_the_agentd_policy_holds_a_program_for() -> None:
     """The predicted hold runs from the tool's start for the measured tool time: a program
-    whose tools take 3 s keeps full weight 2.5 s into its tool even though its request
-    ended 4 s earlier; with request gaps (0.5 s, client think time) it would be decaying."""
+    whose tools take 3 s is still held 2.5 s into its tool even though its request
+    ended 4 s earlier; with request gaps (0.5 s, client think time) its hold is over."""
     clocks = ToolClocks()
     clocks.started("p", 50.0)
     clocks.ended("p", 53.0)
     p = _acting(96.0, tool_time_sum=1.0, tool_time_count=2)
     clocks.started("p", 97.5)
     view = KvView((WorkerView("w0", 4096),), (_program_view(p, clocks.get("p")),))
-    policy = AgentdPolicy()
-    assert policy.weight(view.programs[0], view, 100.0) == 1.0
+    policy = AgentdPolicy(AgentdOptions(predicted_hold=True))
+    assert policy.held(view.programs[0], view, 100.0)
     gaps_only = KvView(view.workers, (_program_view(p),))
-    assert policy.weight(gaps_only.programs[0], gaps_only, 100.0) < 1.0
+    assert not policy.held(gaps_only.programs[0], gaps_only, 100.0)

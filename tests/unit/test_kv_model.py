@@ -4,6 +4,7 @@ tools and are released, while the model applies every decision the policy return
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from statistics import mean
 
@@ -13,6 +14,8 @@ from hypothesis import strategies as st
 
 from scheduling.kv import (
     KV_POLICIES,
+    AgentdOptions,
+    AgentdPolicy,
     Decision,
     KvConfig,
     KvPolicy,
@@ -197,13 +200,9 @@ def test_releasing_everything_stops_every_program(name: str,
     assert not any(d.pause_marked for d in model.view().programs)
 
 
-@pytest.mark.parametrize("name", ["thunderagent", "agentd"])
-def test_no_request_waits_past_the_force_resume_timeout(name: str) -> None:
-    # Almost no decay: tool-waiting programs keep their room, so newcomers get in
-    # only through force-resume.
-    dt, force = 0.3, 5.0
-    model = Model(make_kv_policy(name), workers=1, decay_lambda=1e-4, force_resume_s=force)
-    rng = random.Random(7)
+def run_busy(model: Model, seed: int, on_tick: Callable[[Model], None]) -> None:
+    """Arrivals outpace releases on one worker, so programs must wait for room."""
+    rng = random.Random(seed)
     for _ in range(600):
         if rng.random() < 0.1:
             model.arrive(rng.randint(50, 400))
@@ -212,8 +211,41 @@ def test_no_request_waits_past_the_force_resume_timeout(name: str) -> None:
                 model.request_end(p, rng.randint(0, 40))
             elif p.status in (S.ACTING, S.PAUSED) and not p.pending and rng.random() < 0.02:
                 model.release(p) if rng.random() < 0.3 else model.tool_end(p)
-        model.tick(dt)
-        for p in model.waiting():
+        model.tick(0.3)
+        on_tick(model)
+
+
+def test_no_request_waits_past_the_force_resume_timeout() -> None:
+    # Almost no decay: tool-waiting programs keep their room, so newcomers get in
+    # only through force-resume.
+    model = Model(make_kv_policy("thunderagent"), workers=1, decay_lambda=1e-4,
+                  force_resume_s=5.0)
+
+    def check(m: Model) -> None:
+        for p in m.waiting():
             assert p.ready_since is not None
-            assert model.now - p.ready_since <= force + dt
+            assert m.now - p.ready_since <= 5.0 + 0.3
+
+    run_busy(model, 7, check)
     assert "force-resume" in model.reasons
+
+
+@pytest.mark.parametrize("seed", [7, 8, 9])
+def test_agentd_wait_is_bounded_by_the_timeout_per_waiting_program(seed: int) -> None:
+    # An endless hold: programs between requests keep their room, so a waiting program
+    # gets in only when one is released or through a swap.
+    policy = AgentdPolicy(AgentdOptions(hold_s=1e9))
+    model = Model(policy, workers=1, force_resume_s=5.0)
+    most_waiting: dict[tuple[str, float], int] = {}
+
+    def check(m: Model) -> None:
+        waiting = m.waiting()
+        for p in waiting:
+            assert p.ready_since is not None
+            key = (p.pid, p.ready_since)
+            most_waiting[key] = max(most_waiting.get(key, 0), len(waiting))
+            assert m.now - p.ready_since <= 5.0 * most_waiting[key] + 0.3
+
+    run_busy(model, seed, check)
+    assert "swap" in model.reasons
+    assert max(most_waiting.values()) > 5  # the bound was more than the plain timeout

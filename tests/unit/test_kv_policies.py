@@ -23,11 +23,9 @@ from scheduling.kv import (
     ThunderAgentPolicy,
     VllmDefaultPolicy,
     WorkerView,
-    decay,
     make_kv_policy,
     plan_migration,
 )
-from scheduling.kv.agentd import fleet_tool_mean
 
 R, A, P, Q = (ProgramStatus.REASONING, ProgramStatus.ACTING, ProgramStatus.PAUSED,
               ProgramStatus.QUEUED)
@@ -97,40 +95,6 @@ def test_continuum_restores_sticky_to_the_old_worker_only() -> None:
     v = view(prog("r", R, 950, worker="w0"),
              prog("p", P, 100, worker="w0", pending_request=True))
     assert ContinuumTtlPolicy().decide(v, NOW) == []
-
-
-def test_agentd_holds_programs_with_short_predicted_tools() -> None:
-    # "a" returns from its 3 s tools soon; "b" has no history and (without the fleet
-    # prior) decays as usual.
-    held = prog("a", A, 300, acting_since=NOW - 2.0, tool_time_mean_s=3.0)
-    v = view(prog("r", R, 600), held, prog("b", A, 400, acting_since=NOW - 2.0), used=(0,))
-    no_prior = AgentdPolicy(AgentdOptions(fleet_prior=False))
-    assert no_prior.decide(v, NOW) == [Pause("b", "w0", "thrashing")]
-    ablated = AgentdPolicy(AgentdOptions(predicted_hold=False))
-    assert ablated.decide(v, NOW) == [Pause("a", "w0", "thrashing")]
-    assert ThunderAgentPolicy().decide(v, NOW) == [Pause("a", "w0", "thrashing")]
-
-
-def test_agentd_predicts_the_fleet_mean_tool_time_for_a_program_without_history() -> None:
-    # "b" has no history: it is held for the fleet's mean (3 s), so at 2 s it keeps full
-    # weight and, like the held "a", is paused only after an unheld program.
-    a = prog("a", A, 300, acting_since=NOW - 2.0, tool_time_mean_s=3.0)
-    b = prog("b", A, 400, acting_since=NOW - 2.0)
-    v = view(prog("r", R, 600), a, b, used=(0,))
-    policy = AgentdPolicy(AgentdOptions(fleet_prior=True))
-    assert policy.weight(b, v, NOW) == 1.0
-    assert policy.weight(b, v, NOW + 1.5) == pytest.approx(decay(0.5, 0.1))
-    assert AgentdPolicy(AgentdOptions(fleet_prior=False)).weight(b, v, NOW) < 1.0
-    assert policy.decide(v, NOW) == [Pause("a", "w0", "thrashing")]  # both held: shortest
-
-
-def test_agentd_fleet_prior_is_the_configured_default_before_any_tool() -> None:
-    b = prog("b", A, 400, acting_since=NOW - 1.0)
-    v = view(b, used=(0,), default_tool_time_s=2.0)
-    assert fleet_tool_mean(v) == 2.0
-    policy = AgentdPolicy(AgentdOptions(fleet_prior=True))
-    assert policy.weight(b, v, NOW) == 1.0
-    assert policy.weight(b, v, NOW + 2.0) < 1.0
 
 
 def test_agentd_spreads_new_programs_and_best_fits_restores() -> None:

@@ -58,6 +58,15 @@ def test_duration_cuts_the_run() -> None:
     assert any(p.status is not ProgramStatus.STOPPED for p in replay.programs.values())
 
 
+def test_requests_unserved_at_the_end_count_as_waiting_until_then() -> None:
+    replay, row = _run("agentd", kv=6_000, duration_s=4.0)
+    unserved = [r for r in replay.records.values() if r.first_token is None]
+    assert unserved and row["unserved_requests"] == len(unserved)
+    waits: dict[str, float] = row["wait_s"]  # type: ignore[assignment]
+    assert waits["max"] >= max(4.0 - r.arrival for r in unserved) - 1e-3
+    assert waits["p50"] <= waits["p99"] <= waits["max"] <= 4.0
+
+
 def test_slo_stack_runs_and_reports() -> None:
     cfg = ReplayConfig(kv_tokens=12_000, max_num_seqs=16)
     replay = Replay(_specs(), cfg, make_kv_policy("vllm-default"), slo_stack("full"))

@@ -1,0 +1,169 @@
+"""agentd's additions to ThunderAgent: hold then release on demand, pause and restore
+order, no overcommit, the queue-scaled wait bound, request rebalancing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduling.kv import (
+    Admit,
+    AgentdOptions,
+    AgentdPolicy,
+    KvConfig,
+    KvView,
+    MarkPauseAfterRequest,
+    Pause,
+    ProgramStatus,
+    ProgramView,
+    Restore,
+    ThunderAgentPolicy,
+    WorkerView,
+)
+from scheduling.kv.fairness import swap_after_s
+
+R, A, P, Q = (ProgramStatus.REASONING, ProgramStatus.ACTING, ProgramStatus.PAUSED,
+              ProgramStatus.QUEUED)
+NOW = 100.0
+
+
+def prog(pid: str, status: ProgramStatus, tokens: int, worker: str | None = "w0",
+         **kw: Any) -> ProgramView:
+    kw.setdefault("acting_since", NOW if status is A else None)
+    return ProgramView(pid, status, tokens, created_at=NOW,
+                       worker_id=None if status is Q else worker, **kw)
+
+
+def late(pid: str, tokens: int, waited_s: float, **kw: Any) -> ProgramView:
+    return prog(pid, P, tokens, pending_request=True, ready_since=NOW - waited_s, **kw)
+
+
+def view(*programs: ProgramView, used: tuple[int, ...] = (0,), **cfg: Any) -> KvView:
+    workers = tuple(WorkerView(f"w{i}", 1000, u) for i, u in enumerate(used))
+    return KvView(workers, programs, KvConfig(**cfg))
+
+
+def agentd(**options: Any) -> AgentdPolicy:
+    return AgentdPolicy(AgentdOptions(**options))
+
+
+def test_a_program_past_its_hold_is_released_only_when_a_waiting_program_needs_it() -> None:
+    resident = (prog("r", R, 500), prog("a", A, 300, acting_since=NOW - 1),
+                prog("b", A, 200, acting_since=NOW - 8))
+    assert agentd().decide(view(*resident), NOW) == []  # b is past its hold, nobody waits
+    fits = view(*resident, prog("q", Q, 200))
+    assert agentd().decide(fits, NOW) == [Pause("b", "w0", "released"), Admit("q", "w0")]
+    # "a" is still inside its 5 s hold: its room is not taken, even for a smaller need.
+    too_big = view(*resident, prog("q", Q, 250))
+    assert agentd().decide(too_big, NOW) == []
+
+
+def test_release_on_demand_takes_the_room_instead_of_lending_a_decayed_share() -> None:
+    # 25 s past its hold, ThunderAgent-style decay counts b as 16 tokens and admits q
+    # beside it, so b's return overcommits the worker; agentd pauses b first.
+    v = view(prog("r", R, 500), prog("a", A, 300, acting_since=NOW - 1),
+             prog("b", A, 200, acting_since=NOW - 30), prog("q", Q, 150))
+    assert agentd().decide(v, NOW) == [Pause("b", "w0", "released"), Admit("q", "w0")]
+    assert agentd(release_on_demand=False).decide(v, NOW) == [Admit("q", "w0")]
+
+
+def test_hold_is_hold_s_or_with_predicted_hold_the_programs_own_tool_time() -> None:
+    quick = prog("p", A, 100, acting_since=NOW - 2, tool_time_mean_s=1.0)
+    fresh = prog("n", A, 100, acting_since=NOW - 2)
+    v = view(quick, fresh, prog("o", A, 100, tool_time_mean_s=3.0))
+    assert agentd().held(quick, v, NOW) and not agentd().held(quick, v, NOW + 3.5)
+    predicted = agentd(predicted_hold=True)
+    assert not predicted.held(quick, v, NOW)  # its tools take 1 s; 2 s in, it is late
+    assert predicted.held(fresh, v, NOW)  # no history: hold_s
+    # The fleet prior predicts the mean of the programs' means (2 s): just expired.
+    assert not agentd(predicted_hold=True, fleet_prior=True).held(fresh, v, NOW)
+    assert agentd(predicted_hold=True, fleet_prior=True).held(fresh, v, NOW - 0.5)
+
+
+def test_acting_programs_are_paused_longest_acting_first() -> None:
+    v = view(prog("r", R, 600), prog("a", A, 200, acting_since=NOW - 1),
+             prog("b", A, 300, acting_since=NOW - 3))
+    assert agentd().decide(v, NOW) == [Pause("b", "w0", "thrashing")]
+    assert agentd(longest_acting_first=False).decide(v, NOW) == [Pause("a", "w0", "thrashing")]
+    assert ThunderAgentPolicy().decide(v, NOW) == [Pause("a", "w0", "thrashing")]
+
+
+def test_reasoning_programs_are_marked_longest_running_first() -> None:
+    # r1's request started after a tool that began 20 s ago; r2's first request just began.
+    v = view(prog("r1", R, 500, acting_since=NOW - 20), prog("r2", R, 400),
+             prog("r3", R, 300, acting_since=NOW - 2))
+    assert agentd().decide(v, NOW) == [MarkPauseAfterRequest("r1", "thrashing")]
+    assert ThunderAgentPolicy().decide(v, NOW) == [MarkPauseAfterRequest("r3", "thrashing")]
+
+
+def test_paused_programs_whose_blocks_are_still_cached_are_restored_first() -> None:
+    v = view(prog("r", R, 600), late("p1", 300, 1), late("p2", 350, 1, kv_resident=True))
+    assert agentd().decide(v, NOW) == [Restore("p2", "w0", "restore")]
+    assert agentd(cached_first=False).decide(v, NOW) == [Restore("p1", "w0", "restore")]
+
+
+def test_an_evicted_program_returns_to_its_last_worker_when_recompute_ties() -> None:
+    # Its prefix may survive there (the LRU drops a freed request's tail first).
+    v = view(prog("x", R, 500, worker="w0"), prog("y", R, 200, worker="w1"),
+             late("p", 100, 1, worker="w1"), used=(0, 0))
+    assert agentd().decide(v, NOW) == [Restore("p", "w1", "restore")]
+    assert agentd(migration_cost=False).decide(v, NOW) == [Restore("p", "w1", "restore")]
+
+
+def test_room_of_a_marked_program_is_not_used_while_its_request_runs() -> None:
+    v = view(prog("m", R, 500, pause_marked=True), prog("r", R, 300), prog("q", Q, 300))
+    assert agentd().decide(v, NOW) == []
+    assert agentd().route(v, "q", NOW) is None
+    assert ThunderAgentPolicy().decide(v, NOW) == [Admit("q", "w0")]
+
+
+def test_swap_wait_scales_with_the_programs_waiting_per_worker() -> None:
+    one = view(late("a", 100, 1), used=(0, 0))
+    assert swap_after_s(one) == 30.0
+    five = view(*(late(f"p{i}", 100, 1) for i in range(5)), used=(0, 0))
+    assert swap_after_s(five) == 75.0
+
+
+def test_a_due_program_swaps_with_the_longest_acting_program() -> None:
+    v = view(prog("r", R, 500), prog("a1", A, 250, acting_since=NOW - 1),
+             prog("a2", A, 250, acting_since=NOW - 3), late("late", 200, 31))
+    assert agentd().decide(v, NOW) == [Pause("a2", "w0", "swap"), Restore("late", "w0", "swap")]
+    assert agentd().decide(v, NOW - 2) == []  # waited 29 s
+
+
+def test_a_swap_with_a_running_program_waits_for_its_request_to_end() -> None:
+    start = view(prog("r1", R, 600), prog("r2", R, 400), late("late", 300, 31))
+    assert agentd().decide(start, NOW) == [MarkPauseAfterRequest("r2", "swap")]
+    marked = view(prog("r1", R, 600), prog("r2", R, 420, pause_marked=True),
+                  late("late", 300, 32))
+    assert agentd().decide(marked, NOW + 1) == []  # nothing else is marked, nothing placed
+    ended = view(prog("r1", R, 600), prog("r2", P, 420), late("late", 300, 33))
+    assert agentd().decide(ended, NOW + 2) == [Restore("late", "w0", "overdue")]
+    # ThunderAgent places at once, next to the still-running r2.
+    assert ThunderAgentPolicy().decide(start, NOW) == [
+        MarkPauseAfterRequest("r2", "force-resume"), Restore("late", "w0", "force-resume")]
+
+
+def test_a_reserved_worker_takes_no_other_program() -> None:
+    # late (due: 2 waiting, 1 worker, 61 s) needs 300; 100 is free now, and q would fit.
+    v = view(prog("r1", R, 500), prog("r2", R, 400, pause_marked=True),
+             late("late", 300, 61), prog("q", Q, 100))
+    assert agentd().decide(v, NOW) == []
+    assert agentd().route(v, "q", NOW) is None
+    not_due = view(*v.programs[:2], late("late", 300, 59), prog("q", Q, 100))
+    assert agentd().decide(not_due, NOW) == [Admit("q", "w0")]
+
+
+def test_overdue_first_serves_late_programs_oldest_first() -> None:
+    v = view(prog("r", R, 700), late("o1", 250, 40), late("o2", 200, 35))
+    assert agentd().decide(v, NOW) == [Restore("o2", "w0", "restore")]  # shortest first
+    assert agentd(overdue_first=True).decide(v, NOW) == [Restore("o1", "w0", "overdue")]
+
+
+def test_a_ready_request_moves_to_a_much_less_used_worker_that_has_room() -> None:
+    back = prog("a", A, 200, worker="w0", pending_request=True, ready_since=NOW)
+    skewed = view(back, used=(600, 100))
+    assert agentd().route(skewed, "a", NOW) == "w1"
+    assert agentd(balance_route=0.0).route(skewed, "a", NOW) == "w0"
+    assert agentd().route(view(back, used=(300, 200)), "a", NOW) == "w0"  # would not narrow
+    full = view(back, prog("big", R, 900, worker="w1"), used=(600, 100))
+    assert agentd().route(full, "a", NOW) == "w0"
