@@ -6,8 +6,9 @@ agent's admission, and the meta controller's loop, each a swappable policy layer
   and `on_release` keep the fence's ledger of reserved KV, `on_end` learns from it.
 - Every `cycle_s` (`tick`): sample the workers into the QoS views, run the meta loop
   (rollback guard and bypass every cycle, the meta policy's choice every
-  `meta_interval_s`), switch the ordering policy if the loop says so (the queue is
-  rebuilt in place between two dispatches), and step the admission policy's controls.
+  `meta_interval_s`, on a long view built off the event loop: daemon/slo_long_view.py),
+  switch the ordering policy if the loop says so (the queue is rebuilt in place between
+  two dispatches), and step the admission policy's controls.
 
 What the engines cannot take is not pretended: vLLM has no per-cycle token budget
 (`max_num_batched_tokens` is fixed when it starts) and the worker protocol carries none,
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from daemon.policies.slo_layers import ORDERING_BUILTINS, AdmissionSnapshot
 from daemon.policies.swap import Active, Failure, Guard
 from daemon.slo_llm import LlmCaller
+from daemon.slo_long_view import OffLoopLongView, PacedMetaLoop, not_built
 from daemon.slo_queue import OrderedQueue, WaitingQueue, weigh_tenants
 from daemon.slo_settings import SloSettings, startup_policy
 from daemon.slo_tagging import Tagging
@@ -54,7 +56,7 @@ from scheduling.layer_policies import (
     NOMINAL_TOKEN_BUDGET,
     RulesMeta,
 )
-from scheduling.meta import BypassOn, Decision, MetaEvent, MetaLoop, Rollback, Switch
+from scheduling.meta import BypassOn, Decision, MetaEvent, Rollback, Switch
 from scheduling.meta_llm import LlmMeta
 from scheduling.prediction import QueuedRequest
 from scheduling.slo_metrics import CompletionRecord
@@ -120,6 +122,7 @@ class SloControl:
         self.tenants = SessionTenants(core.sessions, core.writer)
         self.llm = LlmCaller(core, settings.llm, config.meta_interval_s)
         self.views = ViewBuilder(settings.short_window_s, settings.long_window_s)
+        self.long = OffLoopLongView(self.views, config.meta_interval_s, self._view_built)
         self.fence = AdmissionFence(settings.delta_frag)
         self.tags: dict[str, QueuedRequest] = {}  # request id -> tag, until the request ends
         self.running: dict[str, tuple[str, int]] = {}  # request id -> (worker, reserved KV)
@@ -196,8 +199,8 @@ class SloControl:
         name = self.ordered.policy_name
         self.meta.call(lambda p: p.on_applied(name))
 
-    def _make_loop(self, initial: str) -> MetaLoop:
-        loop = MetaLoop(_Selector(self.meta), self.pool, initial,
+    def _make_loop(self, initial: str) -> PacedMetaLoop:
+        loop = PacedMetaLoop(_Selector(self.meta), self.pool, initial,
                         self.core.config.meta_interval_s, self.settings.guard)
         self.meta.call(lambda p: p.on_applied(initial))
         return loop
@@ -296,6 +299,7 @@ class SloControl:
                 except Exception:  # the loop must outlive a bad cycle; the next one retries
                     log.exception("SLO scheduling cycle failed")
         finally:
+            self.long.stop()
             self.llm.stop()
 
     def tick(self, now: float) -> None:
@@ -330,10 +334,30 @@ class SloControl:
         return counts
 
     def _meta_step(self, now: float) -> None:
-        if not _guarded(self.meta.current):
-            return  # meta-off: the operator's ordering stays, unguarded
-        events = self.loop.tick(self.views.short_view(now),
-                                lambda: self.views.long_view(now), now)
+        if _guarded(self.meta.current):
+            self._meta_tick(now)
+        # else meta-off: the operator's ordering stays, unguarded
+        if (self._choosing(now) and self.long.fresh(now) is None) or self.long.outdated(now):
+            self.long.request(now)
+
+    def _choosing(self, now: float) -> bool:
+        """Whether the meta policy's choice is due (and waits for a long view)."""
+        loop = self.loop
+        return _guarded(self.meta.current) and loop.choice_due(now) and not loop.bypass_active
+
+    def _view_built(self) -> None:
+        """A long view landed: make the choice it was built for now, not a cycle later."""
+        now = time.time()
+        if self._choosing(now):  # not the controls: Statera steps once per cycle
+            self._meta_tick(now)
+            self.core.pump()
+
+    def _meta_tick(self, now: float) -> None:
+        due = self.loop.choice_due(now)
+        view = self.long.fresh(now) if due else None
+        events = self.loop.tick(self.views.short_view(now), view or not_built, now)
+        if due and not self.loop.choice_due(now):  # chosen, or a guard restarted the clock
+            self.long.used()
         target = self.loop.active
         swap_s = self._switch_to(target) if target != self.ordered.policy_name else 0.0
         for event in events:
@@ -399,8 +423,16 @@ class SloControl:
 
     # --- reading ------------------------------------------------------------------------------
 
+    def window(self, now: float) -> LongView:
+        """The newest long view (built off the loop at most about one meta interval ago);
+        an empty one until the first lands."""
+        built = self.long.latest
+        if built is not None:
+            return built.view
+        return ViewBuilder(self.views.short_window_s, self.views.long_window_s).long_view(now)
+
     def status(self, now: float) -> dict[str, Any]:
-        long = self.views.long_view(now)
+        long = self.window(now)
         return {
             "policies": {layer: {"name": g.current.name, "version": g.current.version}
                          for layer, g in self.guards().items()},
@@ -415,7 +447,8 @@ class SloControl:
                        "goodput_rps": long.goodput, "slo_attainment": 1 - long.violation_rate,
                        "ttft_compliance": 1 - long.ttft_violation_rate,
                        "tpot_compliance": 1 - long.tpot_violation_rate,
-                       "esg_ratio": long.esg_ratio, "output_len_cv": long.output_len_cv},
+                       "esg_ratio": long.esg_ratio, "output_len_cv": long.output_len_cv,
+                       "view": self.long.status(now)},
             "counters": vars(self.stats),
             "tenants": {"weights": dict(self.settings.tenant_weights),
                         "slo_overrides": sorted(self.settings.tenant_slos),

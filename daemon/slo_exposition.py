@@ -54,7 +54,7 @@ def _counter(out: Exposition, name: str, help_text: str, value: float) -> None:
 
 
 def _window(out: Exposition, slo: SloControl) -> None:
-    v = slo.views.long_view(time.time())
+    v = slo.window(time.time())  # built off the loop by the meta tick
     window = f"over the last {v.window_s:.0f}s"
     for name, help_text, value in (
         ("agentd_slo_goodput_rps", "Requests meeting both SLOs per second", v.goodput),

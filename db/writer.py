@@ -102,8 +102,11 @@ class BatchWriter:
 
     async def _run(self) -> None:
         while True:
+            # asyncio.timeout, not wait_for: 3.11's wait_for swallows a cancel that lands as
+            # the wait completes, and stop() then waits for ever
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._interval)
+                async with asyncio.timeout(self._interval):
+                    await self._wake.wait()
             self._wake.clear()
             if not self._pending:
                 continue
