@@ -5,6 +5,8 @@ Ordering switches, rollbacks, the emergency bypass, the LLM meta selector's deci
 daemon-level trace events (no session id) and the session trace does not show them;
 `GET /v1/scheduling/trace` does. Admission refusals concern one request and are in its
 session's trace. The status names the tenants' weights, SLO overrides and attainment.
+Its window metrics are those of the long view the meta loop last built off the event loop
+(`window.view` says when it was taken and how the builds went): a poll builds none.
 """
 
 from __future__ import annotations
