@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tests.daemon_process import DaemonProcess
+from tests.waiting import wait_for
 
 # Hooks return decisions whose reasons say what the policy saw; SetPriority is valid in
 # any view, and the `control.hook` trace event carries every decision a hook returned.
@@ -101,20 +102,11 @@ def _start(d: DaemonProcess, workflow: str, source: str, session: str) -> dict[s
     return dict(r.json())
 
 
-def _wait(what: str, check: Any, timeout: float = 60) -> Any:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _ended(d: DaemonProcess, run_id: str) -> dict[str, Any]:
-    return dict(_wait(f"run {run_id} to end", lambda: (
+    return dict(wait_for(lambda: (
         v := d.get(f"/v1/runs/{run_id}").json())["status"] in ("finished", "failed",
-                                                               "cancelled") and v))
+                                                               "cancelled") and v,
+        60, f"run {run_id} to end"))
 
 
 def _trace(d: DaemonProcess, session: str, kind: str) -> list[dict[str, Any]]:
@@ -130,16 +122,16 @@ def test_a_recording_policy_sees_instances_come_and_go_and_the_session_end(
     try:
         run = _start(d, "growing", GROWING, "s-hooks")
         rid = run["id"]
-        _wait("two instances, both idle", lambda: (
+        wait_for(lambda: (
             v := d.get(f"/v1/runs/{rid}/control").json()).get("reported") and len(
-                v["instances"]) == 2 and not v["futures"])
+                v["instances"]) == 2 and not v["futures"], 60, "two instances, both idle")
         kill = {"kind": "Kill", "instance_id": "Worker#1", "reason": "test: scale in"}
         r = d.post(f"/v1/runs/{rid}/control/decisions", json={"decisions": [kill]})
         assert r.status_code == 200 and r.json()["results"][0]["ok"], r.text
         assert _ended(d, rid)["result"] == [0, 1]
-        hooks = _wait("the session's end to be traced", lambda: (
+        hooks = wait_for(lambda: (
             h := _trace(d, "s-hooks", "control.hook")) and h[-1]["hook"] == "on_session_end"
-            and h)
+            and h, 60, "the session's end to be traced")
     finally:
         _put(d, "/v1/control/policy", {"name": "nalar-default"})
     assert {h["policy"] for h in hooks} == {"hook-recorder"}
@@ -160,11 +152,12 @@ def test_a_non_preemptable_agents_program_is_pinned(d: DaemonProcess) -> None:
     run = _start(d, "pinned", PINNED, "s-pin")
     keeper, helper = f"{run['program_id']}.Keeper.0", f"{run['program_id']}.Helper.0"
     try:
-        program = _wait("the keeper's program to be pinned", lambda: (
+        program = wait_for(lambda: (
             p := d.get(f"/v1/programs/{keeper}")).status_code == 200 and p.json()["pinned"]
-            and p.json())
+            and p.json(), 60, "the keeper's program to be pinned")
         assert program["session_id"] == "s-pin" and program["status"] != "STOPPED"
-        _wait("the helper's program", lambda: d.get(f"/v1/programs/{helper}").status_code == 200)
+        wait_for(lambda: d.get(f"/v1/programs/{helper}").status_code == 200, 60,
+                 "the helper's program")
         time.sleep(0.6)  # two more view reports: the helper stays unpinned
         assert d.get(f"/v1/programs/{helper}").json()["pinned"] is False
     finally:

@@ -15,6 +15,7 @@ import httpx
 
 from tests.daemon_process import DaemonProcess
 from tests.integration.test_policies import Traffic
+from tests.waiting import wait_for
 
 OPERATOR = "operator (first start)"  # the name of the token the daemon makes on first start
 META_INTERVAL_S = 1.0
@@ -144,16 +145,6 @@ def running(d: DaemonProcess) -> dict[str, tuple[str, int]]:
 
 def trace(d: DaemonProcess, kind: str) -> list[dict[str, Any]]:
     return list(d.get("/v1/scheduling/trace", params={"kind": kind}).json()["data"])
-
-
-def wait_for(check: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def lifecycle(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

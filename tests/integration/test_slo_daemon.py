@@ -15,6 +15,7 @@ import pytest
 
 from tests.daemon_process import DaemonProcess
 from tests.integration.test_policies import Traffic
+from tests.waiting import wait_for
 
 MODEL = "sim-llama3-8b"
 LONG_TOKENS = 2500
@@ -81,16 +82,6 @@ def put(d: DaemonProcess, path: str, **kw: Any) -> httpx.Response:
 
 def scheduling_events(d: DaemonProcess, kind: str) -> list[dict[str, Any]]:
     return list(d.get("/v1/scheduling/trace", params={"kind": kind}).json()["data"])
-
-
-def wait_for(check: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def burst(d: DaemonProcess) -> list[Any]:

@@ -7,12 +7,12 @@ past its timeout is aborted; with no worker there is no call at all."""
 from __future__ import annotations
 
 import itertools
-import time
 from pathlib import Path
 from typing import Any
 
 from daemon.slo_llm import INTERNAL_SESSION, LOW_PRIORITY, PROGRAM_PREFIX
 from tests.daemon_process import DaemonProcess
+from tests.waiting import wait_for
 
 MODEL = "sim-llama3-8b"
 INTERVAL_S = 0.5
@@ -53,16 +53,6 @@ def decisions(d: DaemonProcess) -> list[dict[str, Any]]:
     """The meta.llm trace events, oldest first."""
     resp = d.get("/v1/scheduling/trace", params={"kind": "meta.llm", "limit": 5000})
     return list(resp.json()["data"])
-
-
-def wait_for(check: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def with_outcome(d: DaemonProcess, outcome: str, n: int) -> list[dict[str, Any]]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import openai
 from daemon import auth
 from db.engine import make_engine, make_sessionmaker, sqlite_url
 from tests.daemon_process import DaemonProcess
+from tests.waiting import wait_for
 
 MODEL = "sim-llama3-8b"
 QUESTION = "What is the capital of France?"  # tagged qa
@@ -80,16 +80,6 @@ def chat(d: DaemonProcess, secret: str, headers: dict[str, str] | None = None,
 def session_events(d: DaemonProcess, session: str, kind: str) -> list[dict[str, Any]]:
     data = d.get(f"/v1/sessions/{session}/trace", params={"limit": 1000}).json()["data"]
     return [e for e in data if e["kind"] == kind]
-
-
-def wait_for(check: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def backlog(d: DaemonProcess, free: str, gold: str) -> None:

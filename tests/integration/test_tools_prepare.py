@@ -20,6 +20,7 @@ import pytest
 
 from tests.daemon_process import DaemonProcess
 from tests.tool_cleanup import remove_daemon_tools
+from tests.waiting import wait_for
 
 MODEL = "sim-llama3-8b"
 SETUP_S = 1.5
@@ -58,13 +59,6 @@ def _trace(d: DaemonProcess, session: str) -> list[dict[str, Any]]:
     return data
 
 
-def _wait_for(check: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.time() + timeout
-    while not check():
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def _first(events: list[dict[str, Any]], kind: str, after: float) -> dict[str, Any]:
     return next(e for e in events if e["kind"] == kind and e["ts"] >= after)
 
@@ -73,14 +67,15 @@ def test_preparation_overlaps_a_paused_programs_wait(paused_daemon: DaemonProces
     d = paused_daemon
     _chat(d, "B", 1800, 2)
     _chat(d, "A", 2800, 2)
-    _wait_for(lambda: d.get("/v1/programs/B").json()["status"] == "PAUSED", "B to be paused")
+    wait_for(lambda: d.get("/v1/programs/B").json()["status"] == "PAUSED", 15, "B to be paused",
+             interval=0.05)
     threads = [threading.Thread(target=_chat, args=(d, "A", 2800, 300)),
                threading.Thread(target=_chat, args=(d, "B", 1800, 2))]
     for thread in threads:
         thread.start()
         time.sleep(0.1)
-    _wait_for(lambda: sum(e["kind"] == "request.queued" for e in _trace(d, "B")) == 2,
-              "B's second request to queue")
+    wait_for(lambda: sum(e["kind"] == "request.queued" for e in _trace(d, "B")) == 2, 15,
+             "B's second request to queue", interval=0.05)
     assert d.get("/v1/programs/B").json()["status"] == "PAUSED"
     r = d.post("/v1/programs/B/tools", json={"tools": ["env"]})
     assert r.status_code == 200 and r.json()["tools"] == ["env"], r.text
