@@ -13,24 +13,13 @@ from scheduling.kv import (
     KvView,
     MarkPauseAfterRequest,
     Pause,
-    ProgramStatus,
     ProgramView,
     Restore,
     ThunderAgentPolicy,
     WorkerView,
 )
 from scheduling.kv.fairness import swap_after_s
-
-R, A, P, Q = (ProgramStatus.REASONING, ProgramStatus.ACTING, ProgramStatus.PAUSED,
-              ProgramStatus.QUEUED)
-NOW = 100.0
-
-
-def prog(pid: str, status: ProgramStatus, tokens: int, worker: str | None = "w0",
-         **kw: Any) -> ProgramView:
-    kw.setdefault("acting_since", NOW if status is A else None)
-    return ProgramView(pid, status, tokens, created_at=NOW,
-                       worker_id=None if status is Q else worker, **kw)
+from tests.kv_programs import NOW, A, P, Q, R, prog
 
 
 def late(pid: str, tokens: int, waited_s: float, **kw: Any) -> ProgramView:

@@ -16,7 +16,6 @@ from scheduling.kv import (
     KvView,
     MarkPauseAfterRequest,
     Pause,
-    ProgramStatus,
     ProgramView,
     Restore,
     StickyPolicy,
@@ -26,17 +25,7 @@ from scheduling.kv import (
     make_kv_policy,
     plan_migration,
 )
-
-R, A, P, Q = (ProgramStatus.REASONING, ProgramStatus.ACTING, ProgramStatus.PAUSED,
-              ProgramStatus.QUEUED)
-NOW = 100.0
-
-
-def prog(pid: str, status: ProgramStatus, tokens: int, worker: str | None = "w0",
-         **kw: Any) -> ProgramView:
-    kw.setdefault("acting_since", NOW if status is A else None)
-    return ProgramView(pid, status, tokens, created_at=NOW,
-                       worker_id=None if status is Q else worker, **kw)
+from tests.kv_programs import NOW, A, P, Q, R, prog
 
 
 def view(*programs: ProgramView, used: tuple[int, ...] = (0, 0), cap: int = 1000,

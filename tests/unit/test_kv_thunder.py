@@ -23,19 +23,7 @@ from scheduling.kv import (
     decay,
 )
 from scheduling.kv.decisions import placements
-
-R, A, P, Q = (ProgramStatus.REASONING, ProgramStatus.ACTING, ProgramStatus.PAUSED,
-              ProgramStatus.QUEUED)
-NOW = 100.0
-
-
-def prog(pid: str, status: ProgramStatus, tokens: int, worker: str | None = "w0",
-         **kw: Any) -> ProgramView:
-    if status is A:
-        kw.setdefault("acting_since", NOW)
-    if status is Q:
-        worker = None
-    return ProgramView(pid, status, tokens, created_at=NOW, worker_id=worker, **kw)
+from tests.kv_programs import NOW, A, P, Q, R, prog
 
 
 def view(*programs: ProgramView, caps: tuple[int, ...] = (1000,), **cfg: Any) -> KvView:
