@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from daemon.policies.slo_layers import ORDERING_BUILTINS, AdmissionSnapshot
 from daemon.policies.swap import Active, Failure, Guard
 from daemon.slo_llm import LlmCaller
-from daemon.slo_long_view import OffLoopLongView, PacedMetaLoop, not_built
+from daemon.slo_long_view import OffLoopLongView
 from daemon.slo_queue import OrderedQueue, WaitingQueue, weigh_tenants
 from daemon.slo_settings import SloSettings, startup_policy
 from daemon.slo_tagging import Tagging
@@ -56,7 +56,7 @@ from scheduling.layer_policies import (
     NOMINAL_TOKEN_BUDGET,
     RulesMeta,
 )
-from scheduling.meta import BypassOn, Decision, MetaEvent, Rollback, Switch
+from scheduling.meta import BypassOn, Decision, MetaEvent, MetaLoop, Rollback, Switch
 from scheduling.meta_llm import LlmMeta
 from scheduling.prediction import QueuedRequest
 from scheduling.slo_metrics import CompletionRecord
@@ -199,8 +199,8 @@ class SloControl:
         name = self.ordered.policy_name
         self.meta.call(lambda p: p.on_applied(name))
 
-    def _make_loop(self, initial: str) -> PacedMetaLoop:
-        loop = PacedMetaLoop(_Selector(self.meta), self.pool, initial,
+    def _make_loop(self, initial: str) -> MetaLoop:
+        loop = MetaLoop(_Selector(self.meta), self.pool, initial,
                         self.core.config.meta_interval_s, self.settings.guard)
         self.meta.call(lambda p: p.on_applied(initial))
         return loop
@@ -355,7 +355,7 @@ class SloControl:
     def _meta_tick(self, now: float) -> None:
         due = self.loop.choice_due(now)
         view = self.long.fresh(now) if due else None
-        events = self.loop.tick(self.views.short_view(now), view or not_built, now)
+        events = self.loop.tick(self.views.short_view(now), view, now)
         if due and not self.loop.choice_due(now):  # chosen, or a guard restarted the clock
             self.long.used()
         target = self.loop.active

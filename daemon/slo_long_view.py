@@ -18,30 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from scheduling.meta import MetaLoop, Switch
-from scheduling.views import LongView, ShortView, ViewBuilder
+from scheduling.views import LongView, ViewBuilder
 
 log = logging.getLogger("agentd.slo")
-
-
-def not_built() -> LongView:
-    """What the loop is handed while no view is ready; `PacedMetaLoop` never calls it."""
-    raise RuntimeError("the long view is built off the event loop")
-
-
-class PacedMetaLoop(MetaLoop):
-    """A MetaLoop whose selector runs only when handed a built LongView: given anything
-    else (`not_built`), the guards run and the choice stays due until a view comes."""
-
-    def choice_due(self, now: float) -> bool:
-        last = self._last_choice
-        return last is None or now - last >= self.interval_s
-
-    def _select_step(self, short: ShortView, long: LongView | Callable[[], LongView],
-                     now: float) -> Switch | None:
-        if not isinstance(long, LongView):
-            return None
-        return super()._select_step(short, long, now)
 
 
 @dataclass(frozen=True, slots=True)

@@ -439,10 +439,16 @@ class MetaLoop:
     def bypass_active(self) -> bool:
         return self.bypass.active
 
-    def tick(self, short: ShortView, long: LongView | Callable[[], LongView], now: float
-             ) -> list[MetaEvent]:
+    def choice_due(self, now: float) -> bool:
+        """Whether the next tick that gets a long view runs the selector."""
+        return self._last_choice is None or now - self._last_choice >= self.interval_s
+
+    def tick(self, short: ShortView, long: LongView | Callable[[], LongView] | None,
+             now: float) -> list[MetaEvent]:
         """`long` may be a function building the long view: only the selector reads it,
-        once per `interval_s`, and building it walks the whole long window."""
+        once per `interval_s`, and building it walks the whole long window. None: no view
+        is built yet (the daemon builds it off its event loop); the guards run and the
+        choice stays due until a view comes."""
         flipped = self._bypass_step(short, now)
         if flipped is not None or self.bypass.active:
             return [flipped] if flipped is not None else []
@@ -472,9 +478,9 @@ class MetaLoop:
         self.selector.on_applied(restored)
         return Rollback(restored, bad, why)
 
-    def _select_step(self, short: ShortView, long: LongView | Callable[[], LongView],
+    def _select_step(self, short: ShortView, long: LongView | Callable[[], LongView] | None,
                      now: float) -> Switch | None:
-        if self._last_choice is not None and now - self._last_choice < self.interval_s:
+        if long is None or not self.choice_due(now):
             return None
         self._last_choice = now
         decision = self.selector.choose(long if isinstance(long, LongView) else long(), now)

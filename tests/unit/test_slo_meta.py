@@ -275,3 +275,10 @@ def test_bypass_on_instability_cancels_a_pending_rollback() -> None:
     for t in range(2, 14):
         loop.tick(HEALTHY_SHORT, HEALTHY_LONG, float(t))
     assert loop.active == "edf" and not loop.bypass_active
+
+
+def test_loop_without_a_long_view_runs_the_guards_and_keeps_the_choice_due() -> None:
+    loop = MetaLoop(Scripted("edf"), POOL, initial="sjf", interval_s=30.0)
+    assert loop.tick(HEALTHY_SHORT, None, 0.0) == [] and loop.choice_due(0.0)
+    assert loop.tick(short(queue_len=5000), None, 1.0)  # the bypass guard still runs
+    assert loop.choice_due(1.0)
