@@ -1,9 +1,11 @@
-"""`agentctl submit DIR --entry MODULE:FUNC --args JSON [--session S] [--follow]` and
-`agentctl stubgen AGENT.yaml [-o OUT.py] [--check]`.
+"""`agentctl submit DIR --entry MODULE:FUNC --args JSON [--session S] [--tools FILE] [--follow]`
+and `agentctl stubgen AGENT.yaml [-o OUT.py] [--check]`.
 
 submit registers DIR's text files as a new version of the workflow (named after DIR
 unless --name), starts a run, and prints the run; with --follow it streams the run's
-events and then prints its result (exit 1 when the run failed).
+events and then prints its result (exit 1 when the run failed). The bundle's tool specs
+come from --tools, or DIR/tools.toml when there is one: `[tools.NAME]` tables, the same
+schema as the daemon config's; the daemon checks them and names a bad field.
 
 stubgen turns an agent's YAML declaration into its stub module (agentd/stubgen.py),
 written next to the YAML as <agent>.py unless -o; --check only says whether the file on
@@ -16,6 +18,7 @@ import argparse
 import json
 import sys
 import time
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,6 +59,20 @@ def _args(text: str) -> dict[str, Any]:
     return value
 
 
+def read_tools(path: Path) -> dict[str, Any]:
+    """The `[tools.NAME]` tables of a TOML file, unchecked: the daemon checks them."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ClientError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ClientError(f"{path}: not TOML: {exc}") from None
+    tools = data.get("tools")
+    if not isinstance(tools, dict) or not tools or set(data) != {"tools"}:
+        raise ClientError(f"{path}: expected only [tools.NAME] tables")
+    return tools
+
+
 def _entry(text: str) -> str:
     return text if ":" in text else f"main:{text}"
 
@@ -63,8 +80,14 @@ def _entry(text: str) -> str:
 def cmd_submit(c: AgentdClient, a: argparse.Namespace) -> int:
     root = Path(a.dir)
     name = a.name or root.resolve().name
-    manifest = c.call(Call("POST", "/v1/workflows",
-                           body={"name": name, "files": read_bundle(root), "entry": a.entry}))
+    files = read_bundle(root)
+    upload: dict[str, Any] = {"name": name, "files": files, "entry": a.entry}
+    tools_file = Path(a.tools) if a.tools else root / "tools.toml"
+    if a.tools or tools_file.is_file():
+        upload["tools"] = read_tools(tools_file)
+        if not a.tools:
+            files.pop("tools.toml", None)  # sent as specs, not as a file of the bundle
+    manifest = c.call(Call("POST", "/v1/workflows", body=upload))
     body: dict[str, Any] = {"workflow": name, "version": manifest["version"], "args": a.args}
     if a.session:
         body["session_id"] = a.session
@@ -134,6 +157,8 @@ def add_workflow_parser(subparsers: Any,
                    help="the entry's arguments as a JSON object")
     p.add_argument("--session", help="session id (managed state lives there)")
     p.add_argument("--name", help="workflow name (default: the directory's name)")
+    p.add_argument("--tools", metavar="FILE",
+                   help="TOML of [tools.NAME] specs for the bundle (default: DIR/tools.toml)")
     p.add_argument("--follow", action="store_true",
                    help="stream the run's events, then print its result")
     p.set_defaults(tui_command=cmd_submit)

@@ -6,10 +6,12 @@ and, when a Docker engine is up, the docker backend."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -17,6 +19,8 @@ import httpx
 import openai
 import pytest
 
+from console.client import AgentdClient, ClientError
+from console.workflow_cmd import add_workflow_parser
 from tests.daemon_process import DaemonProcess
 from tests.tool_cleanup import remove_daemon_tools
 
@@ -183,3 +187,49 @@ def test_bundle_tools_are_not_visible_outside_the_bundles_runs(d: DaemonProcess)
     # The configured tool stays usable next to bundles.
     r = d.post("/v1/programs/p-outside/tools/shell/exec", json={"command": "echo ok"})
     assert r.status_code == 200 and r.json()["stdout"] == "ok\n"
+
+
+def submit_parser() -> argparse.ArgumentParser:
+    from console import agentctl
+
+    parser = argparse.ArgumentParser()
+    add_workflow_parser(parser.add_subparsers(dest="command"),
+                        lambda p: agentctl._common(p, suppress=False))
+    return parser
+
+
+def test_agentctl_submit_sends_the_bundles_tools_toml(d: DaemonProcess,
+                                                      tmp_path: Path) -> None:
+    (tmp_path / "main.py").write_text(MAIN)
+    (tmp_path / "tools.toml").write_text('[tools.echoer]\nbackend = "process"\n')
+    args = submit_parser().parse_args(
+        ["submit", str(tmp_path), "--name", "cli-tools", "--follow", "--json",
+         "--args", '{"command": "echo from-cli", "tool": "echoer"}',
+         "--url", d.url, "--token", d.token])
+    with AgentdClient(args.url, args.token) as client:
+        assert args.tui_command(client, args) == 0
+    [wf] = [w for w in d.get("/v1/workflows").json()["data"] if w["name"] == "cli-tools"]
+    assert wf["latest"]["tools"] == {"echoer": {"backend": "process"}}
+    assert "tools.toml" not in wf["latest"]["files"]  # sent as specs, not shipped as a file
+    run = next(r for r in d.get("/v1/runs").json()["data"] if r["workflow"] == "cli-tools")
+    result = d.get(f"/v1/runs/{run['id']}").json()["result"]
+    assert result["status"] == 200 and result["body"]["stdout"] == "from-cli\n", result
+
+
+def test_agentctl_submit_refuses_a_bad_tools_file_in_one_line(d: DaemonProcess,
+                                                              tmp_path: Path) -> None:
+    (tmp_path / "main.py").write_text(MAIN)
+    (tmp_path / "tools.toml").write_text("[tools.box]\nimage = 'busybox'\nmemory_mb = 'lots'\n")
+    parser = submit_parser()
+    args = parser.parse_args(["submit", str(tmp_path), "--name", "cli-bad-tools",
+                              "--url", d.url, "--token", d.token])
+    with AgentdClient(args.url, args.token) as client, pytest.raises(
+            ClientError, match=r"tools\.box\.memory_mb"):
+        args.tui_command(client, args)
+    (tmp_path / "other.toml").write_text("name = 'x'\n")
+    args = parser.parse_args(["submit", str(tmp_path), "--tools", str(tmp_path / "other.toml"),
+                              "--name", "cli-bad-tools", "--url", d.url, "--token", d.token])
+    with AgentdClient(args.url, args.token) as client, pytest.raises(
+            ClientError, match=r"expected only \[tools.NAME\] tables"):
+        args.tui_command(client, args)
+    assert "cli-bad-tools" not in names(d)
