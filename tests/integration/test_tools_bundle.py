@@ -224,7 +224,7 @@ def test_agentctl_submit_refuses_a_bad_tools_file_in_one_line(d: DaemonProcess,
     args = parser.parse_args(["submit", str(tmp_path), "--name", "cli-bad-tools",
                               "--url", d.url, "--token", d.token])
     with AgentdClient(args.url, args.token) as client, pytest.raises(
-            ClientError, match=r"tools\.box\.memory_mb"):
+            ClientError, match=r"tools\.box: .*memory_mb"):
         args.tui_command(client, args)
     (tmp_path / "other.toml").write_text("name = 'x'\n")
     args = parser.parse_args(["submit", str(tmp_path), "--tools", str(tmp_path / "other.toml"),
