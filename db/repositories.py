@@ -14,17 +14,28 @@ def as_dict(row: models.Base) -> dict[str, Any]:
     return {c.key: getattr(row, c.key) for c in row.__table__.columns}
 
 
+PROGRAM_SORTS = ("created_at", "id", "session_id", "status", "worker_id", "context_tokens",
+                 "steps")
+
+
 async def list_programs(
-    s: AsyncSession, status: str | None, session_id: str | None, limit: int, offset: int
+    s: AsyncSession, status: str | None, session_id: str | None, limit: int, offset: int,
+    sort: str = "created_at", descending: bool = True,
 ) -> tuple[list[dict[str, Any]], int]:
+    """One page of programs in `sort` order over every match; ties by id so pages are stable."""
+    if sort not in PROGRAM_SORTS:
+        raise ValueError(f"sort must be one of {', '.join(PROGRAM_SORTS)}")
     query = select(models.Program)
     if status:
         query = query.where(models.Program.status == status.upper())
     if session_id:
         query = query.where(models.Program.session_id == session_id)
     total = await s.scalar(select(func.count()).select_from(query.subquery()))
+    column = getattr(models.Program, sort)
+    key = column.desc() if descending else column.asc()
+    tie = models.Program.id.desc() if descending else models.Program.id.asc()
     rows = await s.scalars(
-        query.order_by(models.Program.created_at.desc()).limit(limit).offset(offset)
+        query.order_by(key.nulls_last(), tie).limit(limit).offset(offset)
     )
     return [as_dict(r) for r in rows], int(total or 0)
 

@@ -94,9 +94,11 @@ class Api:
         return dict(response.json())
 
     async def programs(self, status: str | None = None, session: str | None = None,
-                       limit: int = 100, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+                       limit: int = 100, offset: int = 0, sort: str = "created_at",
+                       desc: bool = True) -> tuple[list[dict[str, Any]], int]:
+        """One page of programs, filtered and sorted by the daemon over all of them."""
         body = await self.get("/v1/programs", status=status, session=session, limit=limit,
-                              offset=offset)
+                              offset=offset, sort=sort, order="desc" if desc else "asc")
         return list(body["data"]), int(body["total"])
 
     async def sessions(self, limit: int = 100, offset: int = 0, contains: str = "",

@@ -40,9 +40,9 @@ from webui.web import (
 STATUSES = ("QUEUED", "REASONING", "ACTING", "PAUSED", "STOPPED", "FAILED")
 PROGRAM_ACTIONS = ("release", "pause", "resume", "kill", "migrate")
 PAGE_SIZE = 25
-SORT_WINDOW = 1000  # a non-default program sort orders the newest this-many rows
+SESSION_PROGRAMS = 1000  # a session page follows up to this many of its programs
 PROGRAM_SORTS = ("created_at", "id", "session_id", "status", "worker_id", "context_tokens",
-                 "steps")
+                 "steps")  # the columns GET /v1/programs sorts by
 SESSION_SORTS = ("created_at", "updated_at", "id", "tenant", "priority", "programs")
 SSE_INTERVAL_S = 1.0
 
@@ -146,18 +146,6 @@ async def events(request: Req) -> Response[Any]:
 # --- programs and sessions ---------------------------------------------------------------
 
 
-def _sorted_page(rows: list[dict[str, Any]], sort: str, desc: bool,
-                 page: int) -> list[dict[str, Any]]:
-    def key(row: dict[str, Any]) -> tuple[int, Any]:
-        value = row.get(sort)
-        if value is None:
-            return (1, "")
-        return (0, value if isinstance(value, int | float) else str(value).lower())
-
-    rows.sort(key=key, reverse=desc)
-    return rows[(page - 1) * PAGE_SIZE: page * PAGE_SIZE]
-
-
 def _table_params(q: Any, sorts: tuple[str, ...]) -> dict[str, Any]:
     sort = str(q.get("sort") or "created_at")
     return {"sort": sort if sort in sorts else "created_at",
@@ -175,14 +163,11 @@ async def programs_table(api: Api, q: Any) -> dict[str, Any]:
     status = status if status in STATUSES else ""
     session = str(q.get("session") or "")
     if q.get("all") == "1":  # a session page follows every program of its session
-        rows, total = await api.programs(status or None, session or None, SORT_WINDOW, 0)
-    elif t["sort"] == "created_at" and t["desc"]:  # the API's own order: page through it
-        rows, total = await api.programs(status or None, session or None, PAGE_SIZE,
-                                         (t["page"] - 1) * PAGE_SIZE)
+        rows, total = await api.programs(status or None, session or None, SESSION_PROGRAMS, 0,
+                                         t["sort"], t["desc"])
     else:
-        rows, total = await api.programs(status or None, session or None, SORT_WINDOW, 0)
-        total = min(total, SORT_WINDOW)
-        rows = _sorted_page(rows, t["sort"], t["desc"], t["page"])
+        rows, total = await api.programs(status or None, session or None, PAGE_SIZE,
+                                         (t["page"] - 1) * PAGE_SIZE, t["sort"], t["desc"])
     return {"rows": [program_row(r) for r in rows], "status_filter": status,
             "session": session, **t, **_pages(total, t["page"])}
 

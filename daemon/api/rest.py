@@ -106,19 +106,27 @@ class RestController(Controller):
     async def workers(self, core: Core) -> dict[str, Any]:
         return {"data": [worker_view(w) for w in core.workers.values()]}
 
-    @get("/programs", summary="Programs, newest first")
+    @get("/programs", summary="Programs, newest first; filter by status or session, sort, page")
     async def programs(
         self, core: Core,
         status: str | None = None,
         session_id: str | None = Parameter(query="session", default=None),
         limit: int = Parameter(default=100, ge=1, le=1000),
         offset: int = Parameter(default=0, ge=0, le=2**62),
+        sort: str = Parameter(default="created_at", description=", ".join(repo.PROGRAM_SORTS)),
+        order: str = Parameter(default="desc", description="asc or desc"),
     ) -> dict[str, Any]:
         if status is not None and status.upper() not in _STATUSES:
             raise ApiError(400, f"status must be one of {', '.join(_STATUSES)}", param="status")
+        if sort not in repo.PROGRAM_SORTS:
+            raise ApiError(400, f"sort must be one of {', '.join(repo.PROGRAM_SORTS)}",
+                           param="sort")
+        if order not in ("asc", "desc"):
+            raise ApiError(400, "order must be asc or desc", param="order")
         await core.writer.flush()
         async with core.sessions() as s:
-            rows, total = await repo.list_programs(s, status, session_id, limit, offset)
+            rows, total = await repo.list_programs(s, status, session_id, limit, offset,
+                                                   sort, order == "desc")
         return {"data": [_live(core, r) for r in rows], "total": total}
 
     @get("/programs/{program_id:str}", summary="One program with its requests")

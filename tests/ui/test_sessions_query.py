@@ -1,10 +1,12 @@
-"""Sessions filtered, sorted and paged by the daemon over all of them (GET /v1/sessions
-?q=&tenant=&sort=&order=), and the web UI's sessions page on top of it.
+"""Sessions and programs filtered, sorted and paged by the daemon over all of them
+(GET /v1/sessions?q=&tenant=&sort=&order=, GET /v1/programs?sort=&order=), and the web
+UI's sessions and programs pages on top of them.
 
-The store holds more sessions than any one page can ask for (limit ≤ 1000): one real
-session with a program, made through the gateway first, then 1,050 newer ones written
-into the daemon's SQLite store while it is stopped (making each through the gateway
-would take minutes). A filter or a sort must still find the oldest one.
+The store holds more rows than any one page can ask for (limit ≤ 1000): one real
+session with a program, made through the gateway first, then 1,050 newer sessions (the oldest
+of them holding 1,050 stopped programs), written into the daemon's SQLite store while it is stopped
+(making each through the gateway would take minutes). A filter or a sort must still find
+the oldest one.
 """
 
 from __future__ import annotations
@@ -28,9 +30,17 @@ def add_sessions(db: Path, n: int, after: float) -> None:
     """`n` sessions created after `after`, one a second; every seventh of tenant 'acme'."""
     rows = [(f"bulk-{i:04d}", "acme" if i % 7 == 0 else "default", i % 3, "default", None,
              json.dumps({}), after + 1 + i, after + 1 + i) for i in range(n)]
+    # Each session's program has a context shorter than the real program's (which saw a
+    # whole chat turn), so sorting by context must reach past the newest thousand to it.
+    programs = [(f"bulk-p{i:04d}", "bulk-0000", "STOPPED", None, i % 5, 1, False, "",
+                 after + 1 + i, after + 1 + i, after + 1 + i) for i in range(n)]
     with sqlite3.connect(db) as conn:
         conn.executemany("INSERT INTO sessions (id, tenant, priority, slo_class, pinned_worker,"
                          " state, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        conn.executemany("INSERT INTO programs (id, session_id, status, worker_id,"
+                         " context_tokens, steps, pinned, status_reason, created_at,"
+                         " status_since, stopped_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                         programs)
     conn.close()
 
 
@@ -72,8 +82,11 @@ def test_filter_and_sort_reach_past_the_newest_thousand(daemon: DaemonProcess) -
     assert ids(sessions(daemon, limit=1, order="asc")) == [NEEDLE]
     by_programs = sessions(daemon, sort="programs", limit=2)["data"]
     assert isinstance(by_programs, list)
+    assert [(s["id"], s["programs"]) for s in by_programs] == [("bulk-0000", NEWER), (NEEDLE, 1)]
+    by_programs = sessions(daemon, sort="programs", order="asc", limit=2)["data"]
+    assert isinstance(by_programs, list)
     assert [(s["id"], s["programs"]) for s in by_programs] == [
-        (NEEDLE, 1), (f"bulk-{NEWER - 1:04d}", 0)]  # ties broken by id, descending
+        ("bulk-0001", 0), ("bulk-0002", 0)]  # ties broken by id, ascending
 
 
 def test_tenant_filter_pages_without_repeats(daemon: DaemonProcess) -> None:
@@ -88,12 +101,30 @@ def test_tenant_filter_pages_without_repeats(daemon: DaemonProcess) -> None:
     assert len(seen) == len(set(seen)) == NEWER + 1
 
 
+def test_programs_sort_over_all_of_them(daemon: DaemonProcess) -> None:
+    r = daemon.get("/v1/programs", params={"limit": 1000})
+    assert r.status_code == 200 and r.json()["total"] == NEWER + 1
+    assert "needle-p" not in [p["id"] for p in r.json()["data"]]
+    top = daemon.get("/v1/programs", params={"sort": "context_tokens", "limit": 2}).json()
+    assert top["data"][0]["id"] == "needle-p", top
+    oldest = daemon.get("/v1/programs", params={"order": "asc", "limit": 1}).json()["data"]
+    assert [p["id"] for p in oldest] == ["needle-p"]
+    # many equal keys (context 0..4): every row exactly once across pages, ties by id
+    seen = [p["id"] for o in range(0, NEWER + 1, 400)
+            for p in daemon.get("/v1/programs", params={"sort": "context_tokens", "order": "asc",
+                                                        "limit": 400, "offset": o}).json()["data"]]
+    assert len(seen) == len(set(seen)) == NEWER + 1
+
+
 def test_bad_parameters_name_the_field(daemon: DaemonProcess) -> None:
     for params, field in (({"sort": "state"}, "sort"), ({"order": "up"}, "order"),
                           ({"q": "x" * 200}, "q")):
         r = daemon.get("/v1/sessions", params=params)
         assert r.status_code == 400, r.text
         assert field in r.text, r.text
+    for params, field in (({"sort": "tenant"}, "sort"), ({"order": "up"}, "order")):
+        r = daemon.get("/v1/programs", params=params)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
 
 
 @pytest.fixture
@@ -114,3 +145,10 @@ def test_the_sessions_page_filters_sorts_and_pages_over_all(daemon: DaemonProces
                                           "page": 6}).text
     assert "Page 6 of 6 (150 in all)" in text_of(last)
     assert "bulk-1043" in last and "bulk-1036" in last and "bulk-0868" not in last
+
+
+def test_the_programs_page_sorts_over_all(ui: httpx.Client) -> None:
+    page = ui.get("/ui/programs", params={"sort": "context_tokens", "dir": "desc"}).text
+    pages = -(-(NEWER + 1) // 25)
+    assert "needle-p" in page and f"of {pages} ({NEWER + 1} in all)" in text_of(page)
+    assert "newest 1000" not in page
