@@ -52,6 +52,7 @@ from scheduling.control_messages import (
 from scheduling.control_rules import RuleTable
 
 EXTERNAL = "external"  # holds calls the controllers do not run (tools), until they finish
+FOLD_AT = 4096  # session counts waiting for a view; past this the call that adds one folds
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,9 @@ class Cluster:
         self._calls: dict[str, list[str]] = {}  # session -> its calls, for forgetting it
         self._visited: dict[str, set[str]] = {}  # session -> instances migration took it to
         self._tally: dict[str, _Tally] = {}  # live agent calls per session
+        # (tally, stage, attempt, +1 or -1) not folded into the tallies yet: only views
+        # read them, so the per-call path appends and the global loop folds
+        self._counted: list[tuple[_Tally, int, int, int]] = []
         self._sessions: dict[str, SessionView] = {}  # the tallies as the view shows them
         self._stale: set[str] = set()  # sessions whose SessionView is out of date
 
@@ -208,12 +212,23 @@ class Cluster:
             self._calls[session_id] = [fid]
         else:
             calls.append(fid)
-        self._retally(session_id, stage, attempt, 1)
+        tally = self._tally.get(session_id)
+        if tally is None:
+            tally = self._tally[session_id] = _Tally(session_id)
+        self._count(tally, stage, attempt, 1)
         if self.record_events:
             self._event("future.placed", id=fid, session_id=session_id, agent_type=agent_type,
                         instance=instance, reason=reason, stage=stage, attempt=attempt)
         if not deps:
-            self._send_one(Submit(instance, view, ()), now)
+            c = self.controllers[instance]
+            if self.auto_pump and not self.outbox:
+                # the Submit message, handed over directly: nothing is in flight ahead of it
+                out = c.submit(view, (), now)
+                if out or c.refused or c.state_ is not InstanceState.ACTIVE:
+                    self._settle(c, out, Submit(instance, view, ()))
+                    self.pump(now)
+            else:
+                self.send((Submit(instance, view, ()),), now)
             return instance
         dep_at = tuple((d, self._locate(creator, d)) for d in deps)
         self.send([Submit(instance, view, dep_at),
@@ -256,10 +271,16 @@ class Cluster:
 
     def finish(self, instance_id: str, fid: str, value: object, ok: bool, now: float) -> None:
         c = self.controllers[instance_id]
-        self.send(c.finish(fid, value, ok, now), now)
+        out = c.finish(fid, value, ok, now)
+        if len(out) == 1:
+            self._send_one(out[0], now)  # the value to its creator alone: the common case
+        else:
+            self.send(out, now)
         meta = self._meta.get(fid)
         if meta is not None:
-            self._retally(meta.session, meta.stage, meta.attempt, -1)
+            tally = self._tally.get(meta.session)
+            if tally is not None:
+                self._count(tally, meta.stage, meta.attempt, -1)
         if c.state_ is InstanceState.DRAINING:
             self._reap(c)
 
@@ -288,6 +309,11 @@ class Cluster:
         out = c.handle(m, now)
         if not out and not c.refused and c.state_ is InstanceState.ACTIVE:
             return  # the common case, kept short: nothing to log, forward or reap
+        self._settle(c, out, m)
+
+    def _settle(self, c: LocalController, out: list[Message], m: Message) -> None:
+        """After `c` handled `m`: log migrations and refusals, pass on what a killed
+        instance was sent, queue `out`."""
         for o in out:
             if isinstance(o, Transfer):
                 self._visit(o.future.session_id, o.to)
@@ -325,11 +351,23 @@ class Cluster:
             fields = decision_to_dict(d)
             self._event("control.applied", decision=fields.pop("kind"), ok=problem is None,
                         detail=problem or "", **fields)
-        if reorder:
-            for cs in self.by_type.values():
-                for c in cs:
-                    c.reprioritize(reorder)
+        for session in reorder:
+            self._rekey(session)
         return done
+
+    def _rekey(self, session_id: str) -> None:
+        """Re-key the session's queued calls where they are: where each was placed,
+        or where the forwarding pointers left behind by its migrations lead. A call
+        still in flight is keyed when it arrives."""
+        controllers = self.controllers
+        for fid in self._calls.get(session_id, ()):
+            meta = self._meta.get(fid)
+            c = controllers.get(meta.placed) if meta is not None else None
+            for _ in controllers:  # pointers can loop while a call is on its way back
+                if c is None or c.rekey(fid):
+                    break
+                moved = c.moved.get(fid)
+                c = controllers.get(moved[0]) if moved is not None else None
 
     def _apply_one(self, d: ControlDecision, now: float, reorder: set[str]) -> str | None:
         # `now` also dates a provisioned instance's utilisation history
@@ -435,27 +473,35 @@ class Cluster:
     def _visit(self, session_id: str, instance_id: str) -> None:
         self._visited.setdefault(session_id, set()).add(instance_id)
 
-    def _retally(self, session_id: str, stage: int, attempt: int, delta: int) -> None:
-        """Count a call in (delta 1) or out (-1) of its session's tally; written out
-        rather than looped or delegated: this runs twice per call."""
-        t = self._tally.get(session_id)
-        if t is None:
-            t = self._tally[session_id] = _Tally()
-        t.live += delta
-        stages, attempts = t.stages, t.attempts
-        n = stages.get(stage, 0) + delta
-        if n:
-            stages[stage] = n
-        else:
-            del stages[stage]
-        n = attempts.get(attempt, 0) + delta
-        if n:
-            attempts[attempt] = n
-        else:
-            del attempts[attempt]
-        self._stale.add(session_id)
+    def _count(self, tally: _Tally, stage: int, attempt: int, delta: int) -> None:
+        """Count a call in (delta 1) or out (-1) of its session's tally, later."""
+        counted = self._counted
+        counted.append((tally, stage, attempt, delta))
+        if len(counted) >= FOLD_AT:  # no view for a while: keep the backlog bounded
+            self._fold()
+
+    def _fold(self) -> None:
+        """Apply the counts in order. A forgotten session's tally is no longer in
+        `_tally`: counting into it changes nothing anyone reads."""
+        stale = self._stale
+        for t, stage, attempt, delta in self._counted:
+            t.live += delta
+            stages, attempts = t.stages, t.attempts
+            n = stages.get(stage, 0) + delta
+            if n:
+                stages[stage] = n
+            else:
+                del stages[stage]
+            n = attempts.get(attempt, 0) + delta
+            if n:
+                attempts[attempt] = n
+            else:
+                del attempts[attempt]
+            stale.add(t.session)
+        self._counted.clear()
 
     def _session_views(self) -> dict[str, SessionView]:
+        self._fold()
         for s in self._stale:
             t = self._tally.get(s)
             if t is not None and t.live:
@@ -506,9 +552,10 @@ def _future(fid: str, session_id: str, agent_type: str, instance: str, now: floa
 class _Tally:
     """Live calls of one session, counted per stage and per attempt."""
 
-    __slots__ = ("attempts", "live", "stages")
+    __slots__ = ("attempts", "live", "session", "stages")
 
-    def __init__(self) -> None:
+    def __init__(self, session: str) -> None:
+        self.session = session
         self.live = 0
         self.stages: dict[int, int] = {}
         self.attempts: dict[int, int] = {}

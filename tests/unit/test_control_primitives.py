@@ -26,7 +26,7 @@ from scheduling.control import (
     route,
     set_priority,
 )
-from scheduling.control_cluster import Cluster
+from scheduling.control_cluster import FOLD_AT, Cluster
 from scheduling.control_policies import make_control_policy
 
 AGENTS = {"W": Directives(max_instances=4), "S": Directives(stateful=True, max_instances=3)}
@@ -83,6 +83,25 @@ def test_set_priority_reorders_queued_calls() -> None:
         c.create(f"g{i}", session, "W", 0.0)
     c.apply([SetPriority("a", 9.0, "W"), SetPriority("b", 1.0)], 0.0)
     assert run_all(c) == ["g0", "g1"]
+
+
+def test_set_priority_finds_calls_where_migration_took_them() -> None:
+    """Re-keying follows a call's forwarding pointers; a running call is left alone."""
+    c = cluster(w=2)
+    for i, session in enumerate(["a", "b", "a", "b"]):
+        c.create(f"f{i}", session, "W", 0.0)  # f0, f2 on W#0; f1, f3 on W#1
+    [ok] = c.apply([Migrate("b", "W#1", "W#0", "f1")], 0.0)
+    assert ok.ok and "f1" in c.controllers["W#0"].held
+    started = c.start_next("W#1", 0.0)
+    assert started is not None and started.future.future_id == "f3"
+    c.apply([set_priority("b", 2.0)], 0.0)
+    order = []
+    while (started := c.start_next("W#0", 1.0)) is not None:
+        order.append(started.future.future_id)
+        c.finish("W#0", order[-1], "v", True, 1.0)
+    assert order == ["f1", "f0", "f2"]  # by creation order, f1 would be second
+    assert c.start_next("W#1", 1.0) is None  # f3 still runs, and was not queued again
+    assert [ctl._n_queued for ctl in (c.controllers["W#0"], c.controllers["W#1"])] == [0, 0]
 
 
 def test_migrate_one_call_and_a_whole_session() -> None:
@@ -203,6 +222,37 @@ def test_view_carries_metadata_and_metrics() -> None:
     assert view.sessions["s"].live == 2 and view.sessions["s"].max_attempt == 1
     c.finish("W#0", "f0", "v", True, 3.0)  # the first sample sets the mean
     assert c.view().instances_of("W")[0].mean_service_s == pytest.approx(1.0)
+
+
+def test_session_tallies_are_right_after_a_long_backlog_and_forgotten_sessions() -> None:
+    """Counts wait for the next view (folded early past FOLD_AT); a session forgotten
+    and started again under the same id starts from nothing."""
+    c = cluster(w=2)
+    calls = FOLD_AT // 2 + 7  # one round counts each call in and out: past FOLD_AT
+
+    def round_(tag: str, finish_every: int) -> None:
+        for i in range(calls):
+            c.create(f"{tag}{i}", f"s{i % 50}", "W", 0.0, stage=i % 3, call_key=f"k{i % 7}")
+        k = 0
+        while ready := c.startable():
+            for inst in ready:
+                started = c.start_next(inst, 0.0)
+                k += 1
+                if started is not None and k % finish_every == 0:
+                    c.finish(inst, started.future.future_id, "v", True, 0.0)
+            if k > calls:
+                break
+
+    round_("a", 1)  # every call ends: the sessions end and are forgotten, unviewed
+    assert not c.controllers["W#0"].held and not c.controllers["W#1"].held
+    for i in range(50):
+        c.forget_session(f"s{i}")
+    assert not c._tally and c._counted  # counts of forgotten sessions still wait
+    round_("b", 3)
+    view = c.view()
+    assert not c._counted
+    assert view.sessions == ControlView(view.futures, (), {}).sessions
+    assert sum(s.live for s in view.sessions.values()) == len(view.futures) > 0
 
 
 CONTROL_MODULES = sorted(Path(__file__).resolve().parents[2].glob("scheduling/control*.py")) + \
