@@ -22,19 +22,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from daemon.slo_tables import DEFAULT_LLM, LlmSettings, number, parse_llm, parse_tenants
-from scheduling.layer_policies import ADMISSION_POLICIES, META_POLICIES, MetaPolicy
+from scheduling.layer_policies import ADMISSION_POLICIES, META_POLICIES
 from scheduling.meta import SERVING_GUARD, SERVING_RULES, GuardConfig, RuleThresholds
 from scheduling.meta_llm import LlmMeta
 from scheduling.ordering import default_registry
 from scheduling.slo_templates import Slo, TaskType
 
-# scheduling/meta_llm.py builds on layer_policies' MetaPolicy, so META_POLICIES there
-# cannot list it without an import cycle; it joins the meta layer's built-ins here, which
-# every daemon path to them (config validation, the policy layers) imports first.
-cast(dict[str, type[MetaPolicy]], META_POLICIES).setdefault(LlmMeta.name, LlmMeta)
 ORDERING_POOL = default_registry().names()
 META_OFF = "off"
 META_ALIASES = {"llm": LlmMeta.name}

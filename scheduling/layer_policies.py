@@ -4,9 +4,10 @@ Operator policies subclass these (policy code may import only ``scheduling.*``, 
 interfaces live here rather than in the daemon). The ordering layer's interface is
 ``scheduling.ordering.OrderingPolicy``; the kv layer's is ``scheduling.kv.KvPolicy``.
 
-- ``MetaPolicy`` (slow loop): ``choose`` the ordering policy from the long view. The
-  daemon wraps it in ``scheduling.meta.MetaLoop``, which adds the rollback guard and the
-  emergency bypass unless the policy sets ``guards = False``.
+- ``MetaPolicy`` (slow loop, defined in scheduling.meta so that scheduling.meta_llm's
+  ``LlmMeta`` can build on it and still be listed here): ``choose`` the ordering policy
+  from the long view. The daemon wraps it in ``scheduling.meta.MetaLoop``, which adds
+  the rollback guard and the emergency bypass unless the policy sets ``guards = False``.
 - ``AdmissionPolicy`` (medium loop and per dispatch): ``controls`` once per scheduling
   cycle per worker, ``admit`` for the head of the queue before each dispatch. The fence
   (the ledger of KV reserved by running requests) belongs to the caller and outlives a
@@ -29,7 +30,8 @@ from scheduling.admission import (
     TokenBudgetController,
     kv_demand,
 )
-from scheduling.meta import ContextualBandit, Decision, RuleMap, RuleThresholds
+from scheduling.meta import ContextualBandit, Decision, MetaPolicy, RuleMap, RuleThresholds
+from scheduling.meta_llm import LlmMeta
 from scheduling.prediction import QueuedRequest
 from scheduling.views import LongView
 
@@ -37,22 +39,6 @@ BANDIT_ARMS = ("fcfs", "sjf", "edf", "two_lane")
 # Nominal per-cycle token budget for the P-loop's range: the engines behind the daemon take
 # no per-cycle budget (vLLM fixes max_num_batched_tokens at start), so it is advisory.
 NOMINAL_TOKEN_BUDGET = 8192
-
-
-class MetaPolicy(ABC):
-    """Picks the active ordering policy every meta interval."""
-
-    name: ClassVar[str]
-    # Whether the daemon runs the rollback guard and the emergency bypass around it.
-    guards: ClassVar[bool] = True
-
-    @abstractmethod
-    def choose(self, view: LongView, now: float) -> Decision:
-        """The ordering policy to run next (a name in the pool) and why."""
-
-    def on_applied(self, policy_name: str) -> None:  # noqa: B027 - an optional hook
-        """What actually runs after the guards or an operator acted; may differ from
-        the last choice."""
 
 
 class RulesMeta(MetaPolicy):
@@ -101,7 +87,8 @@ class KeepMeta(MetaPolicy):
         self.current = policy_name
 
 
-META_POLICIES = {p.name: p for p in (RulesMeta, BanditMeta, KeepMeta)}
+META_POLICIES: dict[str, type[MetaPolicy]] = {
+    p.name: p for p in (RulesMeta, BanditMeta, KeepMeta, LlmMeta)}
 
 
 class AdmissionPolicy(ABC):

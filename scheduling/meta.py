@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from scheduling.views import LongView, ShortView
 
@@ -30,6 +31,24 @@ class PolicySelector(Protocol):
     def choose(self, view: LongView, now: float) -> Decision: ...
 
     def on_applied(self, policy_name: str) -> None: ...
+
+
+class MetaPolicy(ABC):
+    """The meta layer's policy interface (re-exported by scheduling.layer_policies, with the
+    built-ins): picks the active ordering policy every meta interval. It lives here so that
+    scheduling.meta_llm can build on it without importing layer_policies, which lists it."""
+
+    name: ClassVar[str]
+    # Whether the daemon runs the rollback guard and the emergency bypass around it.
+    guards: ClassVar[bool] = True
+
+    @abstractmethod
+    def choose(self, view: LongView, now: float) -> Decision:
+        """The ordering policy to run next (a name in the pool) and why."""
+
+    def on_applied(self, policy_name: str) -> None:  # noqa: B027 - an optional hook
+        """What actually runs after the guards or an operator acted; may differ from
+        the last choice."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,11 +72,16 @@ class RuleThresholds:
 class RuleMap:
     """Failure pattern -> policy, first match wins: anomaly -> FCFS, head-of-line blocking
     (length variance with TTFT violations) or overload -> two-lane, unfair tenants -> WFQ,
-    deadline misses -> EDF; with no dominant failure the current policy stays."""
+    deadline misses -> EDF; with no dominant failure the current policy stays.
 
-    def __init__(self, initial: str = "sjf", thresholds: RuleThresholds | None = None) -> None:
+    ``lanes`` names the two-lane policy the HOL and overload rules pick: ``two_lane_esg``
+    (late queue by ESG density) in the replay's full stack, see bench/slo.py."""
+
+    def __init__(self, initial: str = "sjf", thresholds: RuleThresholds | None = None,
+                 lanes: str = "two_lane") -> None:
         self.current = initial
         self.t = thresholds or RuleThresholds()
+        self.lanes = lanes
 
     def on_applied(self, policy_name: str) -> None:
         self.current = policy_name
@@ -83,10 +107,10 @@ class RuleMap:
         varied = v.output_len_cv >= self.t.hol_length_cv
         if varied and v.ttft_violation_rate >= self.t.hol_ttft_violation:
             why = f"HOL blocking: length CV {v.output_len_cv:.2f}, TTFT violations "
-            return Decision("two_lane", why + f"{v.ttft_violation_rate:.0%}")
+            return Decision(self.lanes, why + f"{v.ttft_violation_rate:.0%}")
         if v.ttft_violation_rate >= self.t.overload_ttft_violation:
             why = f"overload: TTFT violations {v.ttft_violation_rate:.0%}, shed to a late queue"
-            return Decision("two_lane", why)
+            return Decision(self.lanes, why)
         return None
 
     def _unfair(self, v: LongView) -> Decision | None:

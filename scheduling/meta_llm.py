@@ -12,8 +12,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from scheduling.layer_policies import MetaPolicy
-from scheduling.meta import Decision, LlmOutcome, LlmSelector, RuleMap, RuleThresholds
+from scheduling.meta import (
+    Decision,
+    LlmOutcome,
+    LlmSelector,
+    MetaPolicy,
+    RuleMap,
+    RuleThresholds,
+)
 from scheduling.ordering import default_registry
 from scheduling.views import LongView
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from itertools import count
 
 from scheduling.prediction import QueuedRequest
+from scheduling.slo_metrics import ESG_W_IN, ESG_W_OUT, gain
 
 Key = tuple[float, ...]
 _Entry = tuple[Key, float, str, int, QueuedRequest]
@@ -223,6 +224,59 @@ class Wfq(KeyedPolicy):
         return super().drain()
 
 
+def esg_density(request: QueuedRequest, now: float) -> float:
+    """The ESG ``request`` would earn if dispatched now, per second of predicted service:
+    V_base(l_pred) * min(1, SLO_ttlt / TTLT) / T_tot, with TTLT = now - a + T_tot."""
+    value = ESG_W_IN * request.prompt_tokens + ESG_W_OUT * request.l_pred
+    slo_ttlt = request.slo.ttft_s + request.slo.tpot_s * request.l_pred
+    service = max(request.t_tot, 1e-6)
+    return value * gain(slo_ttlt, now - request.arrival_s + service) / service
+
+
+class EsgDensity(OrderingPolicy):
+    """Highest ESG density first (``esg_density``): the greedy order for a sum of
+    V * min(1, S / C) over one server, where swapping two neighbours favours the one with
+    more gain per second of service it holds the server for.
+
+    Unlike T_tot, ESG weights long requests (V_base counts output twice, and SLO_ttlt grows
+    with it), and a late request's gain decays only as 1 / TTLT: SJF's order starves
+    exactly the requests worth most. A late request's density falls as it waits, so keys
+    are re-derived every ``refresh_s`` of ``now`` (O(n) per refresh, not per pop); between
+    refreshes a pushed request is keyed at its push time."""
+
+    name = "esg"
+
+    def __init__(self, refresh_s: float = 1.0) -> None:
+        self.refresh_s = refresh_s
+        self._heap = _Heap()
+        self._keyed_at: float | None = None
+
+    def push(self, request: QueuedRequest, now: float) -> None:
+        self._heap.push((-esg_density(request, now),), request)
+
+    def _refresh(self, now: float) -> None:
+        if self._keyed_at is not None and now - self._keyed_at < self.refresh_s:
+            return
+        self._keyed_at = now
+        for request in _arrival_order(self._heap.drain()):
+            self.push(request, now)
+
+    def pop(self, now: float) -> QueuedRequest:
+        self._refresh(now)
+        return self._heap.pop()[1]
+
+    def peek(self, now: float) -> QueuedRequest | None:
+        self._refresh(now)
+        return self._heap.peek()
+
+    def drain(self) -> list[QueuedRequest]:
+        self._keyed_at = None
+        return self._heap.drain()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+
 class TwoLane(OrderingPolicy):
     """Fast and slow lanes split on T_tot <= ``threshold_s``. The gate serves the slow lane
     every ``slow_every``-th pop so long requests cannot starve.
@@ -230,7 +284,9 @@ class TwoLane(OrderingPolicy):
     Deadlines act through a late queue rather than through the order inside a lane: a
     request that can no longer meet its TTFT even if dispatched now (a + SLO_ttft <
     now + t_ttft, i.e. its slack S = D - V_sys - T_tot of Eq. 5 is gone) leaves its lane
-    for a late queue, served oldest first and only when both lanes are empty. Inside a
+    for a late queue, served only when both lanes are empty: oldest first, or by the
+    ``late`` policy given (``two_lane_esg``: ESG density, since a request that lost its
+    TTFT has only its ESG left to earn, and that decays as 1 / TTLT). Inside a
     lane the order is shortest T_tot first, slack breaking ties: among requests that can
     all still make it, the shortest first is what makes the most of them make it, while
     slack order would spend an overloaded worker on the ones closest to being lost and
@@ -242,17 +298,19 @@ class TwoLane(OrderingPolicy):
 
     # Every 8th pop, not every 4th: on the Azure code trace a quarter of the dispatches
     # going to long requests cost 12% of the goodput under overload (bench/slo.py).
-    def __init__(self, threshold_s: float = 2.0, slow_every: int = 8) -> None:
+    def __init__(self, threshold_s: float = 2.0, slow_every: int = 8,
+                 late: Callable[[], OrderingPolicy] | None = None) -> None:
         self.threshold_s = threshold_s
         self.slow_every = slow_every
         self._fast = _Heap()
         self._slow = _Heap()
-        self._late = _Heap()
+        self._late = late() if late is not None else Fcfs()
+        self.name = "two_lane" if late is None else f"two_lane_{self._late.name}"
         self._pops = 0
 
     def push(self, request: QueuedRequest, now: float) -> None:
         if _ttft_lost(request, now):
-            self._late.push(_late_key(request), request)
+            self._late.push(request, now)
             return
         lane = self._fast if request.t_tot <= self.threshold_s else self._slow
         lane.push((request.t_tot, request.deadline - request.t_tot), request)
@@ -261,23 +319,25 @@ class TwoLane(OrderingPolicy):
         for lane in (self._fast, self._slow):
             while (head := lane.peek()) is not None and _ttft_lost(head, now):
                 lane.pop()
-                self._late.push(_late_key(head), head)
+                self._late.push(head, now)
 
-    def _next_lane(self, now: float) -> _Heap:
+    def _next_lane(self, now: float) -> _Heap | None:
+        """The lane to serve next; None for the late queue."""
         self._settle(now)
         if not self._fast:
-            return self._slow if self._slow else self._late
+            return self._slow if self._slow else None
         gate_open = len(self._slow) > 0 and (self._pops + 1) % self.slow_every == 0
         return self._slow if gate_open else self._fast
 
     def pop(self, now: float) -> QueuedRequest:
         lane = self._next_lane(now)
-        request = lane.pop()[1]
+        request = lane.pop()[1] if lane is not None else self._late.pop(now)
         self._pops += 1
         return request
 
     def peek(self, now: float) -> QueuedRequest | None:
-        return self._next_lane(now).peek()
+        lane = self._next_lane(now)
+        return lane.peek() if lane is not None else self._late.peek(now)
 
     def drain(self) -> list[QueuedRequest]:
         self._pops = 0
@@ -285,11 +345,6 @@ class TwoLane(OrderingPolicy):
 
     def __len__(self) -> int:
         return len(self._fast) + len(self._slow) + len(self._late)
-
-
-def _late_key(request: QueuedRequest) -> Key:
-    # Oldest first: no late request waits past the end of the overload that made it late.
-    return (request.arrival_s,)
 
 
 def _ttft_lost(request: QueuedRequest, now: float) -> bool:
@@ -336,6 +391,8 @@ def default_registry(
             "wfq": lambda: Wfq(weights),
             "stride": lambda: Wfq(weights, unit_cost=True),
             "two_lane": lambda: TwoLane(fast_lane_threshold_s),
+            "esg": EsgDensity,
+            "two_lane_esg": lambda: TwoLane(fast_lane_threshold_s, late=EsgDensity),
         }
     )
 

@@ -90,9 +90,14 @@ def base_value(record: CompletionRecord, w_in: float = ESG_W_IN, w_out: float = 
 
 def service_gain(record: CompletionRecord, alpha: float = ESG_ALPHA) -> float:
     """min(1, (SLO_ttlt / TTLT)^alpha); a zero-latency request keeps its full value."""
-    if record.ttlt_s <= 0:
+    return gain(record.slo_ttlt_s, record.ttlt_s, alpha)
+
+
+def gain(slo_ttlt_s: float, ttlt_s: float, alpha: float = ESG_ALPHA) -> float:
+    """The ESG discount of one request; shared with the orderings that predict it."""
+    if ttlt_s <= 0:
         return 1.0
-    return float(min(1.0, (record.slo_ttlt_s / record.ttlt_s) ** alpha))
+    return float(min(1.0, (slo_ttlt_s / ttlt_s) ** alpha))
 
 
 def esg(

@@ -117,9 +117,9 @@ class SloLayer:
         if s.selector == "bandit":
             selector = ContextualBandit([a for a in BANDIT_ARMS if a in s.pool])
         elif s.selector == "llm":
-            selector = LlmSelector(s.pool, RuleMap(s.initial, RULES))
+            selector = LlmSelector(s.pool, RuleMap(s.initial, RULES, s.lanes))
         else:
-            selector = RuleMap(s.initial, RULES)
+            selector = RuleMap(s.initial, RULES, s.lanes)
         return MetaLoop(selector, s.pool, s.initial, s.meta_interval_s, GUARDS)
 
     # --- per request ------------------------------------------------------------------

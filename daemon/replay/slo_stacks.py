@@ -1,13 +1,17 @@
 """The SLO stacks a replay can run, by name, and the settings they share.
 
-A pool policy (``fcfs``, ``sjf``, ``edf``, ``two_lane`` ...) runs fixed; ``meta-rules`` /
-``meta-bandit`` / ``meta-llm`` switch among the pool; ``full`` is meta-rules plus the
-admission fence, both control loops and online length prediction with conformal bounds.
-Ablations of ``full`` (H-MAS Table 2): ``full-no-two-lane`` (two-lane out of the pool, SJF
-first), ``full-frozen-statera`` (fence on, loops frozen at their maximum), ``full-no-meta``
-(FCFS fixed, as the paper's "Disable Meta (FCFS)"), ``full-rule-prediction`` (no online
-length learning: every request gets the predictor's default length and the bound stays at
-the token cap).
+A pool policy (``fcfs``, ``sjf``, ``edf``, ``two_lane``, ``esg`` ...) runs fixed;
+``meta-rules`` / ``meta-bandit`` / ``meta-llm`` switch among the pool; ``full`` is
+meta-rules plus the admission fence, both control loops and online length prediction with
+conformal bounds, and its two-lane policy is ``two_lane_esg``: requests that lost their
+TTFT no longer count for goodput, only for ESG, so its late queue is ordered by ESG
+density instead of oldest first.
+Ablations of ``full`` (H-MAS Table 2): ``full-no-two-lane`` (both two-lanes out of the
+pool, SJF first), ``full-frozen-statera`` (fence on, loops frozen at their maximum),
+``full-no-meta`` (FCFS fixed, as the paper's "Disable Meta (FCFS)"),
+``full-rule-prediction`` (no online length learning: every request gets the predictor's
+default length and the bound stays at the token cap); and ``full-fifo-late`` (plain
+``two_lane``, late queue oldest first: the ESG-aware late queue's ablation).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ BANDIT_ARMS = ("fcfs", "sjf", "edf", "two_lane")
 # H-MAS Algorithm 1 starts from SJF; two-lane (with its late queue) loses less when the
 # first meta interval is spent under a load SJF handles badly (see bench/slo.py).
 META_INITIAL = "two_lane"
+FULL_LANES = "two_lane_esg"
 # Steps of unprefilled prompt the local controller lets the engine hold (see slo.py).
 GATE_STEPS = 2
 RULES = SERVING_RULES
@@ -41,19 +46,22 @@ class SloStack:
     adaptive: bool = False
     learn_lengths: bool = True
     meta_interval_s: float = 20.0
+    lanes: str = "two_lane"  # what the rule map picks for HOL blocking and overload
 
 
-_FULL = SloStack("full", META_INITIAL, "rules", fence=True, adaptive=True)
+_FULL = SloStack("full", FULL_LANES, "rules", fence=True, adaptive=True, lanes=FULL_LANES)
 STACKS: Mapping[str, SloStack] = {
     "meta-rules": SloStack("meta-rules", META_INITIAL, "rules"),
     "meta-bandit": SloStack("meta-bandit", META_INITIAL, "bandit"),
     "meta-llm": SloStack("meta-llm", META_INITIAL, "llm"),
     "full": _FULL,
     "full-no-two-lane": replace(_FULL, name="full-no-two-lane", initial="sjf",
-                                pool=tuple(p for p in POOL if p != "two_lane")),
+                                pool=tuple(p for p in POOL if not p.startswith("two_lane"))),
     "full-frozen-statera": replace(_FULL, name="full-frozen-statera", adaptive=False),
     "full-no-meta": replace(_FULL, name="full-no-meta", initial="fcfs", selector=None),
     "full-rule-prediction": replace(_FULL, name="full-rule-prediction", learn_lengths=False),
+    "full-fifo-late": replace(_FULL, name="full-fifo-late", initial=META_INITIAL,
+                              lanes=META_INITIAL),
 }
 
 

@@ -102,7 +102,11 @@ def test_every_stack_starts_on_a_policy_of_its_own_pool() -> None:
     for name in ORDERINGS:
         stack = slo_stack(name)
         assert stack.initial in stack.pool, name
-    assert "two_lane" not in slo_stack("full-no-two-lane").pool
+    assert not {"two_lane", "two_lane_esg"} & set(slo_stack("full-no-two-lane").pool)
+    # full's two-lane is the ESG-ordered late queue; full-fifo-late is its ablation.
+    assert slo_stack("full").initial == slo_stack("full").lanes == "two_lane_esg"
+    fifo = slo_stack("full-fifo-late")
+    assert fifo.initial == fifo.lanes == "two_lane" and fifo.fence and fifo.adaptive
     assert slo_stack("full-no-meta").selector is None and slo_stack("full-no-meta").fence
     frozen = slo_stack("full-frozen-statera")
     assert frozen.fence and not frozen.adaptive
@@ -147,3 +151,4 @@ def test_full_stack_shrinks_the_token_budget_under_prefill_pressure() -> None:
     assert rows["full-frozen-statera"]["tpot_compliance"] < 0.2
     assert rows["full"]["tpot_compliance"] > 0.7
     assert rows["full"]["goodput_rps"] > 5 * rows["fcfs"]["goodput_rps"]
+

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -85,6 +87,17 @@ def test_meta_llm_is_a_built_in_and_llm_its_short_name() -> None:
         cfg = config.load(env={"AGENTD_META_POLICY": name})
         assert startup_policy(cfg, "meta") == "meta-llm"
         assert startup_policy(cfg, "ordering") == "fcfs"
+
+
+def test_meta_llm_is_listed_without_the_daemon_settings() -> None:
+    """META_POLICIES lists meta-llm on its own: nothing outside scheduling/ has to run
+    first (a fresh interpreter, so no earlier import can have added it)."""
+    code = ("import sys, scheduling.layer_policies as lp; "
+            "assert 'daemon.slo_settings' not in sys.modules; "
+            "print(lp.META_POLICIES['meta-llm'].__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.strip() == "LlmMeta"
 
 
 def test_the_llm_table() -> None:

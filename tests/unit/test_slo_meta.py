@@ -96,6 +96,14 @@ def test_overload_rule_picks_two_lane_and_edf_waits_for_ttft_misses() -> None:
     assert RuleMap("sjf").choose(overloaded, 0.0).policy_name == "edf"
 
 
+def test_rule_map_picks_the_two_lane_it_is_given() -> None:
+    rules = RuleMap("sjf", RuleThresholds(overload_ttft_violation=0.3), lanes="two_lane_esg")
+    assert rules.choose(long(violation_rate=0.5, ttft_violation_rate=0.45), 0.0).policy_name \
+        == "two_lane_esg"
+    hol = long(output_len_cv=1.6, ttft_violation_rate=0.25, violation_rate=0.3)
+    assert rules.choose(hol, 0.0).policy_name == "two_lane_esg"
+
+
 def test_rule_map_keeps_what_was_applied() -> None:
     rules = RuleMap(initial="sjf")
     rules.on_applied("edf")
