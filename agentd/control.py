@@ -5,7 +5,13 @@ it (stateful session pin, installed route, weighted route, else least loaded, gr
 up to `max_instances`), the instance's local controller queues it until its
 dependencies' values have arrived (pushed as each producer finishes) and orders it by
 the installed priority, and `_pump` hands each startable call to the thread pool. An
-instance runs one call at a time. Decisions from the daemon's global controller
+instance runs one call at a time; a batchable one up to its `max_batch` at once, each
+in a slot with an LLM program of its own (`<Agent>.<i>.<slot>`, slot 0 being the
+instance's program), so that their LLM calls meet in the engine's batch. Each instance
+reserves its agent's `resources` from the run's capacity (`Runtime.capacity`, from the
+sandbox's limits; see scheduling/control_resources.py): an agent whose one instance
+cannot fit at all is an error at its first call, and a provision that does not fit is
+refused. Decisions from the daemon's global controller
 (route, set_priority, migrate, kill, provision) are installed with `apply`; the
 cluster's placement / start / migration facts become runtime events.
 
@@ -30,6 +36,7 @@ from scheduling.control import (
     decision_from_dict,
 )
 from scheduling.control_cluster import Applied, Cluster
+from scheduling.control_resources import NoCapacity, never_fits
 
 if TYPE_CHECKING:
     from agentd.future import Future
@@ -61,12 +68,18 @@ class _Call:
     deps: list[Future] = field(default_factory=list)
 
 
+class ResourceError(NoCapacity):
+    """An agent whose declared `resources` the run cannot give even one instance."""
+
+
 class ControlHost:
     def __init__(self, runtime: Runtime, session_id: str) -> None:
         self.runtime = runtime
         self.session_id = session_id
-        self.cluster = Cluster(grow_on_demand=True)
+        self.cluster = Cluster(grow_on_demand=True, capacity=runtime.capacity)
         self.lock = threading.RLock()
+        self._slots: dict[str, set[int]] = {}  # instance -> the batch slots in use
+        self._building: dict[str, threading.Lock] = {}  # instance -> guards its object
         self.kinds: dict[str, AgentKind] = {}
         self._names: dict[tuple[type, str], str] = {}
         self.objects: dict[str, Any] = {}
@@ -77,8 +90,9 @@ class ControlHost:
     def agent_type(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any],
                    directives: Directives) -> str:
         """The agent type for this class and constructor arguments, registered once;
-        its `min_instances` instances exist from then on (their objects are made at
-        their first call)."""
+        its `min_instances` instances exist from then on, as many as the run's capacity
+        holds (their objects are made at their first call). ResourceError: one instance
+        needs more than the run has in all (nothing is registered)."""
         key = (cls, repr((args, sorted(kwargs.items()))))
         with self.lock:
             name = self._names.get(key)
@@ -86,11 +100,15 @@ class ControlHost:
                 return name
             taken = sum(1 for c, _ in self._names if c is cls)
             name = cls.__name__ if not taken else f"{cls.__name__}~{taken + 1}"
+            capacity = self.cluster.capacity
+            problem = None if capacity is None else never_fits(name, directives.resources,
+                                                               capacity)
+            if problem is not None:
+                raise ResourceError(problem)
             self._names[key] = name
             self.kinds[name] = AgentKind(cls, args, kwargs, directives)
             self.cluster.add_agent(name, directives)
-            for _ in range(max(0, directives.min_instances)):
-                self.cluster.add_instance(name, reason="min_instances")
+            self.cluster.provision_startup(name, max(0, directives.min_instances), time.time())
             self._flush()
             return name
 
@@ -118,45 +136,64 @@ class ControlHost:
             for d in deps:
                 if not self.cluster.knows(d.id):
                     self.track_external(d)
+            try:
+                self.cluster.create(fut.id, self.session_id, agent_type, time.time(),
+                                    deps=[d.id for d in deps],
+                                    creator=current_instance() or DRIVER, parent=parent,
+                                    call_key=f"{method}:{_call_key(args, kwargs)}")
+            except NoCapacity as exc:
+                self._flush()
+                self.runtime.fail(fut, exc, f"{agent_type} (not placed)")
+                return
+            # started only by `_pump` below, so it is recorded in time for `_run`
             self.calls[fut.id] = _Call(fut, agent_type, method, args, kwargs, deps)
-            self.cluster.create(fut.id, self.session_id, agent_type, time.time(),
-                                deps=[d.id for d in deps], creator=current_instance() or DRIVER,
-                                parent=parent,
-                                call_key=f"{method}:{_call_key(args, kwargs)}")
             self._pump()
 
     def _pump(self) -> None:
         """Hand every call a free instance can start to the pool (lock held)."""
         now = time.time()
         for inst in self.cluster.startable():
-            started = self.cluster.start_next(inst, now)
-            if started is not None:
-                self.runtime.pool.submit(self._run, inst, started.future)
+            while (started := self.cluster.start_next(inst, now)) is not None:
+                self.runtime.pool.submit(self._run, inst, started.future, self._take_slot(inst))
         self._flush()
 
-    def _run(self, inst: str, view: FutureView) -> None:
+    def _take_slot(self, inst: str) -> int:
+        used = self._slots.setdefault(inst, set())
+        slot = next(i for i in range(len(used) + 1) if i not in used)
+        used.add(slot)
+        return slot
+
+    def _run(self, inst: str, view: FutureView, slot: int = 0) -> None:
         call = self.calls.pop(view.future_id)
         _local.instance = inst
+        llm_key = inst.replace("#", ".") + (f".{slot}" if slot else "")
         try:
             obj = self._object(inst, call.agent_type)
             fn: Callable[..., Any] = getattr(obj, call.method)
-            ok = self.runtime.execute(call.future, call.deps, inst, fn,
-                                      inst.replace("#", "."), call.args, call.kwargs)
+            ok = self.runtime.execute(call.future, call.deps, inst, fn, llm_key,
+                                      call.args, call.kwargs)
         except BaseException as exc:  # the constructor raised
             self.runtime.fail(call.future, exc, inst)
             ok = False
         finally:
             _local.instance = None
         with self.lock:
+            self._slots[inst].discard(slot)
             self.cluster.finish(inst, view.future_id, None, ok, time.time())
             self._pump()
 
     def _object(self, inst: str, agent_type: str) -> Any:
-        # one call at a time per instance, so no other thread builds this object
+        """The instance's object, built by its first call; a batch's calls wait for it."""
         obj = self.objects.get(inst)
-        if obj is None:
-            kind = self.kinds[agent_type]
-            obj = self.objects[inst] = kind.cls(*kind.args, **kind.kwargs)
+        if obj is not None:
+            return obj
+        with self.lock:
+            building = self._building.setdefault(inst, threading.Lock())
+        with building:
+            obj = self.objects.get(inst)
+            if obj is None:
+                kind = self.kinds[agent_type]
+                obj = self.objects[inst] = kind.cls(*kind.args, **kind.kwargs)
         return obj
 
     # --- the global controller's side -------------------------------------------------
@@ -172,7 +209,8 @@ class ControlHost:
                               "routes": [[s, t, i] for (s, t), i in view.rules.routes.items()],
                               "pins": [[s, t, i] for (s, t), i in view.rules.pins.items()],
                               "weights": [[t, list(i), list(w)]
-                                          for t, (i, w) in view.rules.weights.items()]}}
+                                          for t, (i, w) in view.rules.weights.items()]},
+                    "capacity": self.cluster.capacity}
 
     def apply(self, decisions: list[dict[str, Any]]) -> list[Applied]:
         """Install decisions sent by the daemon; each is checked against this process's
@@ -223,4 +261,4 @@ def _future_dict(f: FutureView) -> dict[str, Any]:
 def _directives_dict(d: Directives) -> dict[str, Any]:
     return {"stateful": d.stateful, "batchable": d.batchable, "preemptable": d.preemptable,
             "min_instances": d.min_instances, "max_instances": d.max_instances,
-            "resources": dict(d.resources)}
+            "resources": dict(d.resources), "max_batch": d.max_batch}

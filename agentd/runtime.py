@@ -11,6 +11,7 @@ side effects go:
 | managed state | in memory | the session's state, written through on every mutation |
 | agent calls | local controllers (agentd/control.py) | the same, plus the daemon's global |
 | | | controller's decisions, fetched with this process's view every 0.25 s |
+| `resources` capacity | none (unbounded) unless given | the sandbox's limits (`process_capacity`) |
 
 The mode is chosen once per process from the environment: daemon mode when
 `AGENTD_RUN_ID` and `AGENTD_DAEMON_URL` are set (the sandbox sets them), else local.
@@ -24,9 +25,10 @@ import inspect
 import json
 import os
 import queue
+import resource
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -38,6 +40,7 @@ from agentd.future import DependencyError, Future, find_futures, resolve
 DEFAULT_THREADS = 32
 LLM_TIMEOUT_S = 300.0
 CONTROL_PERIOD_S = 0.25
+MIB = 1024 * 1024
 
 
 class LLMUnavailable(RuntimeError):
@@ -59,11 +62,29 @@ def _current_llm_key() -> str | None:
     return getattr(_local, "llm_key", None)
 
 
+def process_capacity(env: Mapping[str, str] = os.environ) -> dict[str, float]:
+    """What this process's agent instances may reserve in all: the memory of its
+    address-space limit (a run's `memory_mb`; physical memory when unlimited), the CPUs
+    it may run on, and GPUs only as configured (`AGENTD_GPUS`; none by default)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        soft = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        gpus = max(0.0, float(env.get("AGENTD_GPUS") or 0))
+    except ValueError:
+        gpus = 0.0
+    return {"CPU": float(len(os.sched_getaffinity(0))), "GPU": gpus,
+            "memory_mb": float(soft // MIB)}
+
+
 class Runtime:
     mode = "base"
     session_id = "local"
 
-    def __init__(self, max_threads: int | None = None) -> None:
+    def __init__(self, max_threads: int | None = None,
+                 capacity: Mapping[str, float] | None = None) -> None:
+        """`capacity`: what agent instances may reserve in all (None: unbounded)."""
+        self.capacity = None if capacity is None else dict(capacity)
         threads = max_threads or int(os.environ.get("AGENTD_MAX_THREADS", DEFAULT_THREADS))
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="agentd")
         self.futures: dict[str, Future] = {}
@@ -223,8 +244,9 @@ class LocalRuntime(Runtime):
     mode = "local"
     MAX_EVENTS = 100_000
 
-    def __init__(self, max_threads: int | None = None) -> None:
-        super().__init__(max_threads)
+    def __init__(self, max_threads: int | None = None,
+                 capacity: Mapping[str, float] | None = None) -> None:
+        super().__init__(max_threads, capacity)
         self.events: list[dict[str, Any]] = []
         self.state: dict[str, Any] = {}
         self._model: str | None = None
@@ -267,8 +289,9 @@ class DaemonRuntime(Runtime):
     BATCH = 200
 
     def __init__(self, url: str, token: str, run_id: str, program_id: str, session_id: str,
-                 max_threads: int | None = None) -> None:
-        super().__init__(max_threads)
+                 max_threads: int | None = None,
+                 capacity: Mapping[str, float] | None = None) -> None:
+        super().__init__(max_threads, capacity)
         self.url = url.rstrip("/")
         self.run_id, self.program_id, self.session_id = run_id, program_id, session_id
         self.http = httpx.Client(base_url=self.url, timeout=60,
@@ -288,8 +311,10 @@ class DaemonRuntime(Runtime):
 
     @classmethod
     def from_env(cls, env: dict[str, str] | os._Environ[str] = os.environ) -> DaemonRuntime:
+        # the sandbox applies its limits before it builds this runtime
         return cls(env["AGENTD_DAEMON_URL"], env.get("AGENTD_RUN_TOKEN", ""),
-                   env["AGENTD_RUN_ID"], env["AGENTD_PROGRAM_ID"], env["AGENTD_SESSION_ID"])
+                   env["AGENTD_RUN_ID"], env["AGENTD_PROGRAM_ID"], env["AGENTD_SESSION_ID"],
+                   capacity=process_capacity(env))
 
     # events: a sender thread batches them so that futures never wait on HTTP
     def emit(self, event: str, **data: Any) -> None:
@@ -409,9 +434,11 @@ def set_runtime(runtime: Runtime | None) -> Runtime | None:
 
 
 @contextlib.contextmanager
-def local_runtime(max_threads: int | None = None) -> Iterator[LocalRuntime]:
-    """A fresh LocalRuntime for the block (tests, notebooks); the previous one comes back."""
-    rt = LocalRuntime(max_threads)
+def local_runtime(max_threads: int | None = None,
+                  capacity: Mapping[str, float] | None = None) -> Iterator[LocalRuntime]:
+    """A fresh LocalRuntime for the block (tests, notebooks); the previous one comes back.
+    `capacity` bounds the agents' `resources` reservations as a run's limits would."""
+    rt = LocalRuntime(max_threads, capacity)
     old = set_runtime(rt)
     try:
         yield rt

@@ -33,7 +33,7 @@ import yaml
 from agentd.stubs import directives as check_directives
 
 DIRECTIVES = ("stateful", "batchable", "preemptable", "min_instances", "max_instances",
-              "resources")
+              "resources", "max_batch")
 _TYPE_NODES = (ast.Name, ast.Attribute, ast.Subscript, ast.Tuple, ast.BinOp, ast.BitOr,
                ast.Load, ast.Constant, ast.List)
 

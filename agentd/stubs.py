@@ -18,11 +18,18 @@ Directives (NALAR Table 1):
   provision or kill within these bounds.
 - `preemptable`: the name of the method that preempts a running call, or `False`: the
   agent's programs are pinned for the KV layer (never paused while their tools run).
-- `batchable` and `resources` ({"CPU": 1, "GPU": 0.5, "memory_mb": 512}) are carried in
-  the control view for policies; the runtime itself does not batch or reserve (an
-  instance is a thread of its run's sandbox process, so rlimits cannot be per agent).
-An instance executes one method call at a time. All stubs of a class with the same
-constructor arguments share its instances (one agent type); see agentd/control.py.
+- `batchable`: an instance takes up to `max_batch` (default 8) queued calls at once and
+  runs them concurrently (their LLM calls then batch in the engine); otherwise an
+  instance executes one method call at a time.
+- `resources` ({"CPU": 1, "GPU": 0.5, "memory_mb": 512}): what each instance reserves
+  from the run's capacity (its sandbox limits: memory, the CPUs it may use, GPUs only as
+  configured), as Ray reserves an actor's resources: an instance that does not fit is
+  not provisioned, a kill gives its share back, and an agent whose one instance needs
+  more than the run has is an error at its first call. A reservation, not a bound: an
+  instance is a thread of its run's sandbox process, so the run's rlimits bound every
+  instance together and one may use more than it reserved.
+All stubs of a class with the same constructor arguments share its instances (one agent
+type); see agentd/control.py.
 """
 
 from __future__ import annotations
@@ -34,10 +41,12 @@ from typing import Any, ParamSpec, TypeVar, cast, overload
 from agentd import runtime as rt
 from agentd.future import Future
 from scheduling.control import Directives
+from scheduling.control_resources import KEYS
 
 P = ParamSpec("P")
 R = TypeVar("R")
-RESOURCE_KEYS = frozenset({"CPU", "GPU", "memory_mb"})
+RESOURCE_KEYS = frozenset(KEYS)
+DEFAULT_MAX_BATCH = Directives().max_batch
 
 
 class AgentStub:
@@ -87,8 +96,10 @@ class AgentClass:
 def directives(stateful: bool = False, batchable: bool = False,
                preemptable: str | bool | None = None, min_instances: int = 1,
                max_instances: int = 1, resources: Mapping[str, float] | None = None,
-               cls: type | None = None) -> Directives:
+               cls: type | None = None, max_batch: int = DEFAULT_MAX_BATCH) -> Directives:
     """Checked directives; ValueError names the directive that does not fit."""
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+        raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
     if not 0 <= min_instances <= max_instances or max_instances < 1:
         raise ValueError(f"need 0 <= min_instances <= max_instances and max_instances >= 1, "
                          f"got min {min_instances}, max {max_instances}")
@@ -100,7 +111,8 @@ def directives(stateful: bool = False, batchable: bool = False,
         if key not in RESOURCE_KEYS or not isinstance(value, int | float) or value < 0:
             raise ValueError(f"resources[{key!r}] must be one of {sorted(RESOURCE_KEYS)} "
                              f"with a non-negative number, got {value!r}")
-    return Directives(stateful, batchable, preemptable, min_instances, max_instances, res)
+    return Directives(stateful, batchable, preemptable, min_instances, max_instances, res,
+                      max_batch)
 
 
 @overload
@@ -111,17 +123,18 @@ def agent(cls: type, /) -> AgentClass: ...
 def agent(*, stateful: bool = False, batchable: bool = False,
           preemptable: str | bool | None = None,
           min_instances: int = 1, max_instances: int = 1,
-          resources: Mapping[str, float] | None = None) -> Callable[[type], AgentClass]: ...
+          resources: Mapping[str, float] | None = None,
+          max_batch: int = DEFAULT_MAX_BATCH) -> Callable[[type], AgentClass]: ...
 
 
 def agent(cls: type | None = None, /, *, stateful: bool = False, batchable: bool = False,
           preemptable: str | bool | None = None, min_instances: int = 1, max_instances: int = 1,
-          resources: Mapping[str, float] | None = None,
+          resources: Mapping[str, float] | None = None, max_batch: int = DEFAULT_MAX_BATCH,
           ) -> AgentClass | Callable[[type], AgentClass]:
     """Class decorator: `@agentd.agent` or `@agentd.agent(stateful=..., ...)`."""
     def wrap(c: type) -> AgentClass:
         return AgentClass(c, directives(stateful, batchable, preemptable, min_instances,
-                                        max_instances, resources, c))
+                                        max_instances, resources, c, max_batch))
 
     return wrap(cls) if cls is not None else wrap
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar, NamedTuple
 
+from scheduling.control_resources import Resources, plus, shortfall, total
+
 DRIVER = "driver"
 
 
@@ -129,6 +131,7 @@ class Directives:
     min_instances: int = 1
     max_instances: int = 1
     resources: Mapping[str, float] = field(default_factory=dict)
+    max_batch: int = 8  # calls a batchable instance runs at once
 
 
 @dataclass(frozen=True)
@@ -144,15 +147,23 @@ class Rules:
 
 
 class ControlView:
-    """A read-only snapshot. Indexes are built on first use, once per view."""
+    """A read-only snapshot. Indexes are built on first use, once per view.
+
+    `capacity`: what each pool's instances may reserve (control_resources.py), by pool;
+    `pools`: each agent type's pool (default ""). A pool without a capacity is unbounded.
+    """
 
     def __init__(self, futures: Sequence[FutureView], instances: Sequence[InstanceView],
                  agents: Mapping[str, Directives], rules: Rules | None = None,
-                 sessions: Iterable[SessionView] | None = None) -> None:
+                 sessions: Iterable[SessionView] | None = None,
+                 capacity: Mapping[str, Resources] | None = None,
+                 pools: Mapping[str, str] | None = None) -> None:
         self.futures = tuple(futures)
         self.instances = tuple(instances)
         self.agents = dict(agents)
         self.rules = rules or Rules()
+        self.capacity = dict(capacity or {})
+        self.pools = dict(pools or {})
         self._instance = {i.instance_id: i for i in self.instances}
         self._at: dict[str | None, list[FutureView]] | None = None
         self._by_session: dict[str, list[FutureView]] | None = None
@@ -189,6 +200,14 @@ class ControlView:
 
     def directives(self, agent_type: str) -> Directives:
         return self.agents.get(agent_type) or Directives()
+
+    def pool_of(self, agent_type: str) -> str:
+        return self.pools.get(agent_type, "")
+
+    def reserved(self, pool: str) -> dict[str, float]:
+        """What the pool's provisioned instances reserve (a killed one reserves nothing)."""
+        return total(self.directives(i.agent_type).resources for i in self.instances
+                     if i.provisioned and self.pool_of(i.agent_type) == pool)
 
     def futures_at(self, instance_id: str) -> list[FutureView]:
         if self._at is None:
@@ -433,6 +452,7 @@ class Validator:
         self.view = view
         self.alive_delta: dict[str, int] = {}
         self.killed: set[str] = set()
+        self.reserved: dict[str, dict[str, float]] = {}  # pool -> as of this step's decisions
 
     def check(self, d: ControlDecision) -> str | None:
         if isinstance(d, Route):
@@ -502,6 +522,7 @@ class Validator:
             return f"{d.instance_id} holds a stateful session"
         self.killed.add(d.instance_id)
         self.alive_delta[inst.agent_type] = self.alive_delta.get(inst.agent_type, 0) - 1
+        self._reserve(inst.agent_type, -1.0)
         return None
 
     def _provision(self, d: Provision) -> str | None:
@@ -510,8 +531,28 @@ class Validator:
         ceiling = self.view.directives(d.agent_type).max_instances
         if self._alive_count(d.agent_type, starting=True) + 1 > ceiling:
             return f"{d.agent_type} is at max_instances ({ceiling})"
+        pool = self.view.pool_of(d.agent_type)
+        capacity = self.view.capacity.get(pool)
+        if capacity is not None:
+            problem = shortfall(d.agent_type, self.view.directives(d.agent_type).resources,
+                                self._reserved(pool), capacity)
+            if problem is not None:
+                return problem
         self.alive_delta[d.agent_type] = self.alive_delta.get(d.agent_type, 0) + 1
+        self._reserve(d.agent_type, 1.0)
         return None
+
+    def _reserved(self, pool: str) -> dict[str, float]:
+        held = self.reserved.get(pool)
+        if held is None:
+            held = self.reserved[pool] = self.view.reserved(pool)
+        return held
+
+    def _reserve(self, agent_type: str, sign: float) -> None:
+        pool = self.view.pool_of(agent_type)
+        if pool in self.view.capacity:
+            self.reserved[pool] = plus(self._reserved(pool),
+                                       self.view.directives(agent_type).resources, sign)
 
 
 # --- decisions as plain data (the daemon sends them to sandboxes as JSON) ------------

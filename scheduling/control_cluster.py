@@ -8,6 +8,12 @@ weighted route; else the least-loaded live instance, growing the type up to its
 `max_instances` when `grow_on_demand` and no instance is idle. A weighted route
 picks the usable instance with the least load per unit of weight.
 
+With a `capacity` (the run's, control_resources.py) every instance reserves its type's
+`resources` from it while provisioned: a provision, a `min_instances` start-up or an
+on-demand growth that does not fit is refused (growth then uses the instances there
+are), and a kill gives the reservation back. A batchable agent's instances run up to
+`max_batch` calls at once (their slots); others one.
+
 Per call the work is a fixed number of dict operations and one heap operation,
 whatever the number of live calls: least-loaded comes from a load index kept as calls
 come and go (scheduling/control_load.py), and a session's records are indexed by
@@ -49,6 +55,7 @@ from scheduling.control_messages import (
     Submit,
     Transfer,
 )
+from scheduling.control_resources import NoCapacity, Resources, plus, shortfall
 from scheduling.control_rules import RuleTable
 
 EXTERNAL = "external"  # holds calls the controllers do not run (tools), until they finish
@@ -65,10 +72,15 @@ class Applied:
 class Cluster:
     def __init__(self, agents: dict[str, Directives] | None = None, *,
                  grow_on_demand: bool = False, auto_pump: bool = True,
-                 record_events: bool = True, cold_start: bool = False) -> None:
+                 record_events: bool = True, cold_start: bool = False,
+                 capacity: Resources | None = None) -> None:
         """`cold_start`: a provisioned instance is STARTING (holding its resources, not
-        serving) until the host calls `activate`, as when it loads a model."""
+        serving) until the host calls `activate`, as when it loads a model.
+        `capacity`: what the instances may reserve in all (None: unbounded)."""
         self.rules = RuleTable()
+        self.capacity = None if capacity is None else dict(capacity)
+        self.reserved: dict[str, float] = {}
+        self._holds: dict[str, Resources] = {}  # provisioned instance -> its reservation
         self.agents: dict[str, Directives] = dict(agents or {})
         self.grow_on_demand = grow_on_demand
         self.auto_pump = auto_pump
@@ -101,9 +113,15 @@ class Cluster:
         self.agents[agent_type] = directives
 
     def add_instance(self, agent_type: str, instance_id: str | None = None, *,
-                     node: str = "local", slots: int = 1, reason: str = "",
+                     node: str = "local", slots: int | None = None, reason: str = "",
                      starting: bool = False, now: float | None = None) -> LocalController:
+        """NoCapacity: its reservation does not fit (nothing is added)."""
         directives = self.agents.setdefault(agent_type, Directives())
+        problem = self.room_for(agent_type)
+        if problem is not None:
+            raise NoCapacity(problem)
+        if slots is None:
+            slots = max(1, directives.max_batch) if directives.batchable else 1
         if instance_id is None:
             n = self._numbers.get(agent_type, 0)
             self._numbers[agent_type] = n + 1
@@ -114,10 +132,38 @@ class Cluster:
                             stateful=directives.stateful, now=now)
         self.controllers[instance_id] = c
         self.by_type.setdefault(agent_type, []).append(c)
+        if directives.resources:
+            self._holds[instance_id] = directives.resources
+            self.reserved = plus(self.reserved, directives.resources)
         self._set_state(c, InstanceState.STARTING if starting else InstanceState.ACTIVE)
         self._event("instance.provisioned", instance=instance_id, agent_type=agent_type,
                     node=node, reason=reason)
         return c
+
+    def room_for(self, agent_type: str) -> str | None:
+        """Why one more instance of the type does not fit the capacity (None: it does)."""
+        if self.capacity is None:
+            return None
+        need = self.agents.get(agent_type, Directives()).resources
+        return shortfall(agent_type, need, self.reserved, self.capacity) if need else None
+
+    def provision_startup(self, agent_type: str, n: int, now: float | None = None) -> int:
+        """The type's `min_instances` at registration; the first that does not fit is
+        refused as a `control.applied` event and ends the start-up. Returns how many
+        were added."""
+        for added in range(n):
+            problem = self.room_for(agent_type)
+            if problem is not None:
+                self._event("control.applied", decision="Provision", ok=False, detail=problem,
+                            agent_type=agent_type, node=None, reason="min_instances")
+                return added
+            self.add_instance(agent_type, reason="min_instances", now=now)
+        return n
+
+    def _release(self, instance_id: str) -> None:
+        held = self._holds.pop(instance_id, None)
+        if held is not None:
+            self.reserved = plus(self.reserved, held, -1.0)
 
     def activate(self, instance_id: str) -> None:
         """A STARTING instance is ready to serve."""
@@ -180,7 +226,12 @@ class Cluster:
         least = index.least() if index is not None else None
         if least is None or (least[1] > 0 and self.grow_on_demand
                              and len(index or ()) < directives.max_instances):
-            return self.add_instance(agent_type, reason="on demand").id
+            problem = self.room_for(agent_type)
+            if problem is None:
+                return self.add_instance(agent_type, reason="on demand").id
+            if least is None:
+                raise NoCapacity(f"no live instance of {agent_type} and none can start: "
+                                 f"{problem}")
         return least[0]
 
     def create(self, fid: str, session_id: str, agent_type: str, now: float, *,
@@ -188,7 +239,8 @@ class Cluster:
                call_key: str | None = None, stage: int | None = None) -> str:
         """A new agent call: place it, hand it to its executor, register it as the
         consumer of each dependency. Returns the executor. `stage` defaults to one past
-        the deepest of its dependencies and its parent call."""
+        the deepest of its dependencies and its parent call. NoCapacity: the type has
+        no live instance and no room for one (nothing is recorded)."""
         directives = self.agents.get(agent_type)
         if directives is None:
             directives = self.agents[agent_type] = Directives()
@@ -380,8 +432,11 @@ class Cluster:
             return self._migrate(d, now)
         if isinstance(d, Kill):
             return self._kill(d, now)
-        self.add_instance(d.agent_type, node=d.node or "local", reason=d.reason or "provision",
-                          starting=self.cold_start, now=now)
+        try:
+            self.add_instance(d.agent_type, node=d.node or "local",
+                              reason=d.reason or "provision", starting=self.cold_start, now=now)
+        except NoCapacity as exc:
+            return str(exc)
         return None
 
     def _migrate(self, d: Migrate, now: float) -> str | None:
@@ -417,6 +472,7 @@ class Cluster:
         if routed:
             return f"{c.id} holds the state of session {min(routed)}: migrate it first"
         self._set_state(c, InstanceState.DRAINING)
+        self._release(c.id)
         self.rules.forget_instance(c.id)
         self._event("instance.killed", instance=c.id, reason=d.reason)
         movable = [h.view for h in c.held.values()
@@ -439,14 +495,18 @@ class Cluster:
         futures: list[FutureView] = []
         instances = [c.snapshot(futures, now) for cs in self.by_type.values() for c in cs]
         return ControlView(futures, instances, self.agents, self.rules.snapshot(),
-                           self._session_views().values())
+                           self._session_views().values(), self._capacity())
 
     def brief_view(self) -> ControlView:
         """Instances without their calls: enough to validate a decision."""
         instances = [InstanceView(c.id, c.agent_type, c.node, c.state_, c.slots,
                                   running=len(c.running))
                      for cs in self.by_type.values() for c in cs]
-        return ControlView((), instances, self.agents, self.rules.snapshot())
+        return ControlView((), instances, self.agents, self.rules.snapshot(),
+                           capacity=self._capacity())
+
+    def _capacity(self) -> dict[str, Resources] | None:
+        return None if self.capacity is None else {"": self.capacity}
 
     def forget_session(self, session_id: str) -> None:
         """The session ended (no live call): drop its rules and records everywhere.

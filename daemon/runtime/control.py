@@ -1,12 +1,14 @@
 """The global controller in the daemon: every `period_s`, over every live run.
 
 Each run's sandbox posts its view (instances with their local controllers' metrics,
-live agent calls, installed rules) every 0.25 s and gets back the decisions queued for
-it (`report`). Every period the loop joins the latest views into one `ControlView` -
-agent types and instances named `<run id>/<name>`, so no decision can cross runs -
-runs the active policy on a worker thread, and queues each accepted decision for its
-run with the run's own names. It is never on a call's path: sandboxes place and run
-calls with their local controllers and only install what comes back.
+live agent calls, installed rules, the capacity its agents reserve from) every 0.25 s
+and gets back the decisions queued for it (`report`). Every period the loop joins the
+latest views into one `ControlView` - agent types and instances named
+`<run id>/<name>`, so no decision can cross runs, and each run a resource pool of its
+own with its capacity - runs the active policy on a worker thread, and queues each
+accepted decision for its run with the run's own names. It is never on a call's path:
+sandboxes place and run calls with their local controllers and only install what
+comes back.
 
 The active policy is the `control` layer's version in the policy registry
 (daemon/policies/control_layer.py): the registry installs a `ControlGuard`
@@ -109,6 +111,7 @@ class WireDirectives(msgspec.Struct):
     min_instances: int = 1
     max_instances: int = 1
     resources: dict[str, float] = {}
+    max_batch: int = 8
 
 
 class WireRules(msgspec.Struct):
@@ -123,6 +126,7 @@ class WireView(msgspec.Struct):
     futures: list[WireFuture] = []
     agents: dict[str, WireDirectives] = {}
     rules: WireRules = msgspec.field(default_factory=WireRules)
+    capacity: dict[str, float] | None = None  # None: the sandbox reserves nothing
 
 
 class ControlReport(msgspec.Struct, forbid_unknown_fields=True):
@@ -153,13 +157,14 @@ def parse_view(wire: WireView) -> ControlView:
     except ValueError as exc:
         raise ValueError(f"view: {exc}") from None
     agents = {n: Directives(d.stateful, d.batchable, d.preemptable,
-                            d.min_instances, d.max_instances, d.resources)
+                            d.min_instances, d.max_instances, d.resources, d.max_batch)
               for n, d in wire.agents.items()}
     r = wire.rules
     rules = Rules(dict(r.priorities), {}, {(s, t): i for s, t, i in r.routes},
                   {(s, t): i for s, t, i in r.pins},
                   {t: (tuple(i), tuple(w)) for t, i, w in r.weights})
-    return ControlView(futures, instances, agents, rules)
+    capacity = None if wire.capacity is None else {"": dict(wire.capacity)}
+    return ControlView(futures, instances, agents, rules, capacity=capacity)
 
 
 def joined_view(views: dict[str, RunView]) -> ControlView:
@@ -171,9 +176,14 @@ def joined_view(views: dict[str, RunView]) -> ControlView:
     routes: dict[tuple[str, str], str] = {}
     pins: dict[tuple[str, str], str] = {}
     weights: dict[str, tuple[tuple[str, ...], tuple[float, ...]]] = {}
+    capacity: dict[str, dict[str, float]] = {}
+    pools: dict[str, str] = {}
     for rid, rv in views.items():
         p = f"{rid}/"
         v = rv.view
+        if "" in v.capacity:
+            capacity[rid] = dict(v.capacity[""])
+        pools |= {p + n: rid for n in v.agent_types()}
         instances += [i._replace(instance_id=p + i.instance_id, agent_type=p + i.agent_type)
                       for i in v.instances]
         futures += [f._replace(future_id=p + f.future_id, agent_type=p + f.agent_type,
@@ -187,7 +197,8 @@ def joined_view(views: dict[str, RunView]) -> ControlView:
         pins |= {(s, p + t): p + i for (s, t), i in v.rules.pins.items()}
         weights |= {p + t: (tuple(p + i for i in ii), w) for t, (ii, w) in
                     v.rules.weights.items()}
-    return ControlView(futures, instances, agents, Rules(priorities, {}, routes, pins, weights))
+    return ControlView(futures, instances, agents, Rules(priorities, {}, routes, pins, weights),
+                       capacity=capacity, pools=pools)
 
 
 def _local(d: ControlDecision, views: dict[str, RunView]) -> list[tuple[str, ControlDecision]]:

@@ -167,5 +167,5 @@ def test_a_non_preemptable_agents_program_is_pinned(d: DaemonProcess) -> None:
     assert pinned["program_id"] == keeper and pinned["reason"] == "agent Keeper is not preemptable"
     directives = {e["agent"]: e for e in _trace(d, "s-pin", "agent.directives")}
     assert directives["Keeper"]["acted_on"] == ["kv-pin"]
-    assert directives["Helper"]["acted_on"] == [] and directives["Helper"]["resources"] == {
-        "memory_mb": 64}
+    assert directives["Helper"]["acted_on"] == ["reservation"]
+    assert directives["Helper"]["resources"] == {"memory_mb": 64}

@@ -1,0 +1,133 @@
+"""The `resources` and `batchable` directives through the SDK, in local mode with a
+run-like capacity: reservations refuse what does not fit, and a batchable instance
+runs its queued calls at once, each with an LLM program of its own."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import agentd
+from agentd import runtime as rt_mod
+from agentd.control import ResourceError
+from agentd.runtime import process_capacity
+from scheduling.control_resources import NoCapacity
+
+CAP = {"memory_mb": 1024.0, "CPU": 2.0, "GPU": 0.0}
+DELAY = 0.3
+N = 6
+
+
+@agentd.agent(resources={"memory_mb": 4096})
+class Huge:
+    def ping(self) -> str:
+        return "pong"
+
+
+@agentd.agent(min_instances=3, max_instances=3, resources={"memory_mb": 400})
+class Twin:
+    def ping(self) -> str:
+        return "pong"
+
+
+@agentd.agent(min_instances=0, resources={"memory_mb": 300})
+class Late:
+    def ping(self) -> str:
+        return "pong"
+
+
+@agentd.agent(resources={"GPU": 1})
+class Gpu:
+    def ping(self) -> str:
+        return "pong"
+
+
+def test_an_agent_that_cannot_fit_at_all_fails_its_first_call() -> None:
+    with agentd.local_runtime(capacity=CAP):
+        with pytest.raises(ResourceError, match=r"Huge reserves memory_mb=4096.*1024"):
+            Huge().ping()
+        with pytest.raises(ResourceError, match="GPU"):  # no GPU unless configured
+            Gpu().ping()
+    with agentd.local_runtime():  # local mode without a capacity: nothing is reserved
+        assert str(Huge().ping()) == "pong"
+
+
+def test_start_up_and_calls_are_held_to_the_capacity() -> None:
+    with agentd.local_runtime(capacity=CAP) as rt:
+        twin = Twin()
+        assert twin.instances == 2  # the third of min_instances does not fit: 1200 > 1024
+        assert str(twin.ping()) == "pong"
+        late = Late().ping()  # fits the run, not beside the twins: refused, not hung
+        with pytest.raises(NoCapacity, match="no live instance of Late"):
+            late.value(timeout=5)
+    refused = [e for e in rt.events if e["event"] == "control.applied" and not e["ok"]]
+    assert [(e["agent_type"], e["reason"]) for e in refused] == [("Twin", "min_instances")]
+    assert "memory_mb" in refused[0]["detail"]
+
+
+def test_process_capacity_reads_this_process_limits() -> None:
+    cap = process_capacity({"AGENTD_GPUS": "2"})
+    assert cap["GPU"] == 2.0 and cap["CPU"] >= 1 and cap["memory_mb"] > 0
+    assert process_capacity({})["GPU"] == 0.0
+
+
+def test_max_batch_is_checked() -> None:
+    with pytest.raises(ValueError, match="max_batch"):
+        agentd.agent(batchable=True, max_batch=0)(Twin)
+
+
+@agentd.agent(batchable=True, max_batch=8)
+class Batched:
+    def work(self, i: int) -> tuple[int, str | None]:
+        time.sleep(DELAY)
+        return i, rt_mod._current_llm_key()
+
+
+@agentd.agent
+class Serial:
+    def work(self, i: int) -> tuple[int, str | None]:
+        time.sleep(DELAY)
+        return i, rt_mod._current_llm_key()
+
+
+def _timed(cls: type) -> tuple[float, list[tuple[int, str | None]]]:
+    stub = cls()
+    t0 = time.perf_counter()
+    futures = [stub.work(i) for i in range(N)]
+    out = [f.value(timeout=30) for f in futures]
+    return time.perf_counter() - t0, out
+
+
+def test_a_batchable_instance_runs_its_queued_calls_at_once() -> None:
+    with agentd.local_runtime():
+        batched_s, batched = _timed(Batched)
+        serial_s, serial = _timed(Serial)
+        assert Batched().instances == 1 and Serial().instances == 1
+    assert [i for i, _ in batched] == [i for i, _ in serial] == list(range(N))
+    assert serial_s >= N * DELAY
+    assert batched_s < 3 * DELAY, (batched_s, serial_s)  # about one call's time
+    # concurrent calls of one instance use distinct LLM programs (one request each)
+    assert len({key for _, key in batched}) == N
+    assert {key for _, key in serial} == {"Serial.0"}
+
+
+def test_a_batch_builds_the_instance_object_once() -> None:
+    built: list[int] = []
+    lock = threading.Lock()
+
+    @agentd.agent(batchable=True, max_batch=4)
+    class Slow:
+        def __init__(self) -> None:
+            with lock:
+                built.append(1)
+            time.sleep(0.1)
+
+        def f(self, i: int) -> int:
+            return i
+
+    with agentd.local_runtime():
+        s = Slow()
+        assert [int(x) for x in [s.f(i) for i in range(4)]] == [0, 1, 2, 3]
+    assert built == [1]
