@@ -30,6 +30,15 @@ What is measured:
   daemon costs the dispatch cadence on this machine; the activate windows' excess over
   the baseline is what the whole activation request adds (its store transactions, the
   validation, the swap), and the loop hold below says how much of it is one stretch.
+- what a dispatch gap is made of: with `--concurrency` closed-loop clients and workers
+  that answer at once, a gap also holds the worker's answer, the client's turn (reading
+  the answer, sending the next request) and the machine's scheduling of all three
+  processes, not only the daemon. So the daemon's own part is measured too:
+  send-to-dispatch latency, from the client's send of each request (time.time() as
+  httpx hands it to the transport, bench/policy_swap_load.py) to its `dispatched_at`
+  (same clock, same machine): the HTTP read, the gateway, queueing and the dispatch, all
+  on the daemon's loop. Per phase (requests sent in the baseline, in the swap phase, in
+  the activate windows) with the count over 10 ms.
 - the daemon's event-loop thread: its share of wall time on a CPU and waiting for one
   (/proc/PID/task/PID/schedstat), in the baseline and the swap phase, to tell a stall
   caused by the daemon from one caused by a busy machine; and, after the load stopped
@@ -170,18 +179,41 @@ def _ms(window: tuple[float, float]) -> float:
     return 1000 * (window[1] - window[0])
 
 
-def dispatch_times(c: httpx.Client, programs: list[str]) -> tuple[list[float], dict[str, int]]:
+def dispatch_times(c: httpx.Client, programs: list[str]
+                   ) -> tuple[list[float], dict[str, int], dict[str, list[float | None]]]:
+    """Every dispatch time, sorted; requests by status; each program's dispatch times
+    in the order it sent them (the store lists them by `queued_at`)."""
     times: list[float] = []
     statuses: dict[str, int] = {}
+    per_program: dict[str, list[float | None]] = {}
     for pid in programs:
         r = c.get(f"/v1/programs/{pid}")
         if r.status_code == 404:
             continue
+        mine = per_program.setdefault(pid, [])
         for req in _checked(r, 200, f"program {pid}")["requests"]:
             statuses[req["status"]] = statuses.get(req["status"], 0) + 1
-            if req["dispatched_at"] is not None:
-                times.append(float(req["dispatched_at"]))
-    return sorted(times), statuses
+            at = req["dispatched_at"]
+            mine.append(None if at is None else float(at))
+            if at is not None:
+                times.append(float(at))
+    return sorted(times), statuses, per_program
+
+
+def dispatch_latencies(sent: dict[str, list[float]], dispatched: dict[str, list[float | None]]
+                       ) -> tuple[list[tuple[float, float]], int]:
+    """(send time, seconds from the client's send to the daemon's dispatch) per request,
+    pairing each program's sends and requests in order; and how many programs could not
+    be paired (a send that never reached the daemon shifts the pairs, so none count)."""
+    out: list[tuple[float, float]] = []
+    unpaired = 0
+    for pid, sends in sent.items():
+        times = dispatched.get(pid, [])
+        if len(times) != len(sends):
+            unpaired += 1
+            continue
+        out.extend((a, b - a) for a, b in zip(sends, times, strict=True) if b is not None)
+    return out, unpaired
 
 
 def trace_summary(c: httpx.Client) -> dict[str, Any]:
@@ -279,9 +311,10 @@ def drive(d: DaemonProcess, args: argparse.Namespace) -> dict[str, Any]:
     log(f"load: {load.result.sent} sent, {load.result.ok} ok, "
         f"{len(load.result.errors)} failed; the loop thread's CPU per request, no traffic")
     cost = loop_cost(c, pid, args.cost_repeats, args.rounds % 2)
-    dispatches, statuses = dispatch_times(c, load.result.programs)
+    dispatches, statuses, per_program = dispatch_times(c, load.result.programs)
+    latencies, unpaired = dispatch_latencies(load.result.sent_at, per_program)
     return {"swaps": swaps, "windows": windows, "base": (m0[0], m1[0]),
-            "swap_phase": (m1[0], m2[0]),
+            "swap_phase": (m1[0], m2[0]), "latencies": latencies, "unpaired": unpaired,
             "load": load.result, "dispatches": dispatches, "statuses": statuses,
             "trace": trace_summary(c), "loop_cpu_ms_per_request": cost,
             "loop_thread": {"baseline": _cpu_shares(m0, m1), "swap_phase": _cpu_shares(m1, m2)}}
@@ -294,6 +327,7 @@ def report(run: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     overall = stalls(run, run["swaps"])
     hold = {call: loop_hold(run["swaps"], call) for call in CALLS}
     act, ctl = overall["stall_during_activate"], overall["stall_during_control"]
+    latency = dispatch_latency(run)
     return {
         "benchmark": "policy_swap", "workers": 2,
         "engine": f"sim (step time scale {args.time_scale})", "machine_cores": os.cpu_count(),
@@ -314,6 +348,7 @@ def report(run: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "dispatch_gaps_ms": {
             "baseline": summary([1000 * g for g in gaps_between(d, *base)], 3),
             "swap_phase": summary([1000 * g for g in gaps_between(d, *phase)], 3)},
+        "dispatch_latency_ms": latency,
         "all_layers": {**overall, **{f"loop_hold_{call}": h for call, h in hold.items()}},
         "layers": per_layer(run), "trace": run["trace"],
         "verdict": {
@@ -324,6 +359,10 @@ def report(run: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
                 "wall", "wall_less_gc", "cpu_less_gc")} for call, h in hold.items()},
             "calls_holding_the_loop_over_10ms": {call: {k: h[f"over_10ms_{k}"] for k in (
                 "wall_less_gc", "cpu_less_gc")} for call, h in hold.items()},
+            "dispatch_latency_over_10ms": {
+                phase: latency[phase]["over_10ms"] for phase in ("baseline", "swap_phase")},
+            "dispatch_latency_p99_ms": {
+                phase: latency[phase]["p99"] for phase in ("baseline", "swap_phase")},
             "worst_activate_stall_ms": act["stall_ms"]["max"],
             "worst_activate_stall_ms_no_gc": act["stall_ms_no_gc"]["max"],
             "activations_over_10ms": act["over_10ms"],
@@ -333,6 +372,26 @@ def report(run: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
             "baseline_windows_over_10ms_share": act["baseline_over_10ms_share"],
             "activate_minus_control_ms": overall["activate_minus_control_ms"]},
     }
+
+
+def dispatch_latency(run: dict[str, Any]) -> dict[str, Any]:
+    """Send-to-dispatch latency (ms) of the requests sent in each phase, and in the
+    windows of the activate requests."""
+    lat = run["latencies"]
+
+    def within(a: float, b: float) -> list[float]:
+        return [1000 * d for t, d in lat if a <= t <= b]
+
+    out: dict[str, Any] = {"unpaired_programs": run["unpaired"]}
+    for phase in ("base", "swap_phase"):
+        values = within(*run[phase])
+        key = "baseline" if phase == "base" else phase
+        out[key] = {**summary(values, 3),
+                    "over_10ms": sum(v > STALL_TARGET_MS for v in values)}
+    during = [v for s in run["swaps"] for v in within(*s["activate"])]
+    out["during_activate"] = {**summary(during, 3),
+                              "over_10ms": sum(v > STALL_TARGET_MS for v in during)}
+    return out
 
 
 def _cells(stats: dict[str, float], keys: tuple[str, ...] = ("p50", "p99", "max")) -> str:
@@ -365,6 +424,10 @@ def _table(out: dict[str, Any]) -> None:
     log("the daemon's own ticks (ms, less GC, p50/p99/max): " + "  ".join(
         f"{kind} {_cells(t['wall_less_gc_ms'])} ({t['over_1ms']} over 1 ms)"
         for kind, t in out["scheduling_ticks"].items()))
+    for key, title in (("dispatch_latency_ms", "send-to-dispatch latency"),
+                       ("dispatch_gaps_ms", "gaps between dispatches")):
+        log(f"{title} (ms) p50/p99/max: " + "  ".join(
+            f"{phase} {_cells(v)}" for phase, v in out[key].items() if isinstance(v, dict)))
     log(f"verdict: {json.dumps(out['verdict'])}")
 
 

@@ -63,8 +63,13 @@ def _pauses(run: dict[str, Any]) -> list[tuple[float, float]]:
 
 
 def gc_summary(run: dict[str, Any]) -> dict[str, Any]:
+    """Collections of 1 ms or more from the baseline's start to the swap phase's end
+    (startup's are left out: nothing is dispatched yet)."""
+    start, end = run["base"][0], run["swap_phase"][1]
     out: dict[str, Any] = {}
     for c in run["collections"]:
+        if not start <= c["end"] <= end:
+            continue
         key = f"{'daemon' if c['role'] == 'start' else c['role']} gen{c['generation']}"
         out.setdefault(key, []).append(1000 * (c["end"] - c["start"]))
     return {key: {"count": len(v), "wall_ms": summary(v, 1)} for key, v in sorted(out.items())}

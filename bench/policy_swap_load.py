@@ -3,13 +3,18 @@ generator's CPU and event loop never sit between the benchmark's timer and the d
 
 `concurrency` `openai` async clients loop closed: each is one program (`program_id`) and
 sends its next chat completion as soon as the last one answered. Every exception or
-unfinished answer is a failed request.
+unfinished answer is a failed request. Each request's send time (`sent_at`, time.time()
+as httpx hands it to the transport) is kept per program, in order, so the benchmark can
+tell the daemon's part of a dispatch (from the send to `dispatched_at`) from the
+client's (from an answer to the next send).
 """
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from multiprocessing.synchronize import Event
 from typing import Any
@@ -17,6 +22,8 @@ from typing import Any
 import openai
 
 MODEL = "sim-llama3-8b"
+# The running client's send times: each client is its own task, so its own context.
+_SENT: ContextVar[list[float]] = ContextVar("sent")
 
 
 @dataclass
@@ -25,14 +32,20 @@ class LoadResult:
     ok: int = 0
     errors: list[str] = field(default_factory=list)
     programs: list[str] = field(default_factory=list)
+    sent_at: dict[str, list[float]] = field(default_factory=dict)
 
 
 def program_ids(concurrency: int) -> list[str]:
     return [f"swapload-{k}" for k in range(concurrency)]
 
 
+async def _stamp(_request: Any) -> None:
+    _SENT.get().append(time.time())
+
+
 async def _client(client: openai.AsyncOpenAI, program: str, stop: Event,
                   result: LoadResult) -> None:
+    _SENT.set(result.sent_at.setdefault(program, []))
     n = 0
     while not stop.is_set():
         n += 1
@@ -52,8 +65,9 @@ async def _client(client: openai.AsyncOpenAI, program: str, stop: Event,
 
 async def _run(url: str, token: str, concurrency: int, stop: Event) -> LoadResult:
     result = LoadResult(programs=program_ids(concurrency))
+    http = openai.DefaultAsyncHttpxClient(timeout=30, event_hooks={"request": [_stamp]})
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=token, max_retries=0,
-                                timeout=30)
+                                timeout=30, http_client=http)
     async with client:
         await asyncio.gather(*(_client(client, p, stop, result) for p in result.programs))
     return result

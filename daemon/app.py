@@ -10,7 +10,7 @@ from litestar import Litestar, Router
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
-from daemon import auth, drain, recovery
+from daemon import auth, drain, interpreter_tuning, recovery
 from daemon.api.errors import EXCEPTION_HANDLERS, ErrorSchemaPlugin
 from daemon.api.gateway import GatewayController
 from daemon.api.policies_api import install_policies
@@ -65,6 +65,7 @@ class Daemon:
         pid_file = drain.write_pid_file(cfg.data_path, cfg.base_url)
         self.supervisor = Supervisor(cfg, core.broker.endpoint, on_event=writer.trace)
         await self.supervisor.start()
+        tuned = interpreter_tuning.settle_after_startup()
         log.info("agentd serving on %s (store %s, workers on %s)",
                  cfg.base_url, cfg.db_url, core.broker.endpoint)
         try:
@@ -78,6 +79,7 @@ class Daemon:
             await writer.stop()
             await engine.dispose()
             drain.remove_pid_file(pid_file)
+            interpreter_tuning.release_on_stop(tuned)
 
     def get_tools(self) -> ToolService:
         assert self.tools is not None, "the daemon has not started"

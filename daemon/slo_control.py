@@ -6,7 +6,8 @@ agent's admission, and the meta controller's loop, each a swappable policy layer
   and `on_release` keep the fence's ledger of reserved KV, `on_end` learns from it.
 - Every `cycle_s` (`tick`): sample the workers into the QoS views, run the meta loop
   (rollback guard and bypass every cycle, the meta policy's choice every
-  `meta_interval_s`, on a long view built off the event loop: daemon/slo_long_view.py),
+  `meta_interval_s`, on a long view built in steps between dispatches:
+  daemon/slo_long_view.py),
   switch the ordering policy if the loop says so (the queue is rebuilt in place between
   two dispatches), and step the admission policy's controls.
 
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from daemon.policies.slo_layers import ORDERING_BUILTINS, AdmissionSnapshot
 from daemon.policies.swap import Active, Failure, Guard
 from daemon.slo_llm import LlmCaller
-from daemon.slo_long_view import OffLoopLongView
+from daemon.slo_long_view import SteppedLongView
 from daemon.slo_queue import OrderedQueue, WaitingQueue, weigh_tenants
 from daemon.slo_settings import SloSettings, startup_policy
 from daemon.slo_tagging import Tagging
@@ -122,7 +123,7 @@ class SloControl:
         self.tenants = SessionTenants(core.sessions, core.writer)
         self.llm = LlmCaller(core, settings.llm, config.meta_interval_s)
         self.views = ViewBuilder(settings.short_window_s, settings.long_window_s)
-        self.long = OffLoopLongView(self.views, config.meta_interval_s, self._view_built)
+        self.long = SteppedLongView(self.views, config.meta_interval_s, self._view_built)
         self.fence = AdmissionFence(settings.delta_frag)
         self.tags: dict[str, QueuedRequest] = {}  # request id -> tag, until the request ends
         self.running: dict[str, tuple[str, int]] = {}  # request id -> (worker, reserved KV)
@@ -392,7 +393,7 @@ class SloControl:
                   "queued": len(self.waiting), "swap_us": round(swap_s * 1e6, 1)}
         if isinstance(event, Switch):
             self.stats.switches += 1
-            fields = {"kind": "ordering.switch", "previous": event.previous}
+            fields: dict[str, Any] = {"kind": "ordering.switch", "previous": event.previous}
         elif isinstance(event, Rollback):
             self.stats.rollbacks += 1
             fields = {"kind": "ordering.rollback", "rolled_back": event.rolled_back}
@@ -424,7 +425,7 @@ class SloControl:
     # --- reading ------------------------------------------------------------------------------
 
     def window(self, now: float) -> LongView:
-        """The newest long view (built off the loop at most about one meta interval ago);
+        """The newest long view (built in steps at most about one meta interval ago);
         an empty one until the first lands."""
         built = self.long.latest
         if built is not None:

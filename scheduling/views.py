@@ -4,18 +4,32 @@ a long view for the meta controller, both computed from windows of timestamped e
 Feed ``ViewBuilder`` three kinds of events, each carrying its own time:
 ``on_arrival`` when a request arrives, ``on_completion`` when it finishes, and
 ``on_sample`` once per worker per scheduling cycle with the queue length and KV utilisation.
+
+The windows are kept in time order (a late event is inserted in its place), so the short
+view walks back from the newest completion only as far as its window reaches, and the
+long view, which must walk its whole window, can be built in steps (`long_view_steps`)
+by a caller that has other work to interleave (the daemon's event loop).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import statistics
+from bisect import bisect_right
 from collections import deque
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import TypeVar
 
 from scheduling import slo_metrics as m
 from scheduling.slo_metrics import CompletionRecord
+
+T = TypeVar("T")
+# Completions one step of `long_view_steps` walks: a step is what a caller that
+# interleaves the build with other work (the daemon's event loop) holds at a time.
+LONG_VIEW_STEP = 500
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -88,14 +102,14 @@ class ViewBuilder:
         self._samples: dict[str, deque[_Sample]] = {}
 
     def on_arrival(self, now: float) -> None:
-        self._arrivals.append(now)
+        _insert_sorted(self._arrivals, now, float)
         # Two long windows are kept so the view can compare against the previous one.
-        while self._arrivals and self._arrivals[0] < now - 2 * self.long_window_s:
+        while self._arrivals and self._arrivals[0] < self._arrivals[-1] - 2 * self.long_window_s:
             self._arrivals.popleft()
 
     def on_completion(self, record: CompletionRecord) -> None:
-        self._done.append(record)
-        while self._done and self._done[0].finish_s < record.finish_s - self.long_window_s:
+        _insert_sorted(self._done, record, _finish)
+        while self._done and self._done[0].finish_s < self._done[-1].finish_s - self.long_window_s:
             self._done.popleft()
 
     def on_sample(self, now: float, worker: str, queue_len: int, kv_util: float) -> None:
@@ -119,7 +133,7 @@ class ViewBuilder:
 
     def short_view(self, now: float, worker: str | None = None) -> ShortView:
         cutoff = now - self.short_window_s
-        done = [r for r in self._done if r.finish_s >= cutoff and worker in (None, r.worker)]
+        done = [r for r in self._newest_since(cutoff) if worker in (None, r.worker)]
         latest = self._latest_per_worker(cutoff, worker)
         ttfts = [r.ttft_s for r in done]
         tpots = [r.tpot_s for r in done]
@@ -141,6 +155,16 @@ class ViewBuilder:
         samples = self._recent_samples(now - self.short_window_s, worker)
         return statistics.fmean(s.kv_util for s in samples) if samples else 0.0
 
+    def _newest_since(self, cutoff: float) -> list[CompletionRecord]:
+        """Completions finished at `cutoff` or later. The window is kept in finish order,
+        so the walk stops at the first older one: the short window, not the long one."""
+        out: list[CompletionRecord] = []
+        for r in reversed(self._done):
+            if r.finish_s < cutoff:
+                break
+            out.append(r)
+        return out
+
     def _recent_samples(self, cutoff: float, worker: str | None) -> list[_Sample]:
         return [
             s
@@ -158,44 +182,137 @@ class ViewBuilder:
         return out
 
     def long_view(self, now: float) -> LongView:
+        return run_steps(self.long_view_steps(now))
+
+    def long_view_steps(self, now: float, step: int = LONG_VIEW_STEP
+                        ) -> Generator[None, None, LongView]:
+        """`long_view(now)` in steps of `step` completions: yields between steps, returns
+        the view. The builder must not change until it returns (step a `frozen()` copy)."""
         w = self.long_window_s
-        done = [r for r in self._done if r.finish_s >= now - w]
-        half = [r for r in done if r.finish_s >= now - w / 2]
-        older = [r for r in done if r.finish_s < now - w / 2]
-        outputs = [float(r.output_tokens) for r in done]
-        attainment = _tenant_attainment(done)
+        acc = _LongSums(now - w, now - w / 2)
+        for k, r in enumerate(self._done, 1):
+            acc.add(r)
+            if k % step == 0:
+                yield
+        yield  # the view itself is a step: a caller may have more to do after it
+        return acc.view(w, self._arrivals_between(now - w, now),
+                        self._arrivals_between(now - 2 * w, now - w))
+
+    def _arrivals_between(self, start: float, end: float) -> int:
+        return bisect_right(self._arrivals, end) - bisect_right(self._arrivals, start)
+
+
+@dataclass
+class _Tally:
+    n: int = 0
+    ok: int = 0
+
+    def add(self, ok: bool) -> None:
+        self.n += 1
+        self.ok += ok
+
+    @property
+    def attainment(self) -> float:
+        # An empty window met every SLO it was given (slo_metrics._fraction).
+        return self.ok / self.n if self.n else 1.0
+
+
+@dataclass
+class _LongSums:
+    """What V_long needs of the completions since `start`, summed one record at a time
+    (scheduling/slo_metrics.py computes the same on a list)."""
+
+    start: float
+    split: float  # the older half of the window ends here (violation trend)
+    all: _Tally = field(default_factory=_Tally)
+    older: _Tally = field(default_factory=_Tally)
+    recent: _Tally = field(default_factory=_Tally)
+    ttft_ok: int = 0
+    tpot_ok: int = 0
+    prompt: int = 0
+    output: int = 0
+    output_sq: int = 0
+    value: float = 0.0
+    best: float = 0.0
+    ttfts: list[list[float]] = field(default_factory=lambda: [[]])
+    tenants: dict[str, _Tally] = field(default_factory=dict)
+
+    def add(self, r: CompletionRecord) -> None:
+        if r.finish_s < self.start:
+            return
+        ok = r.ok
+        self.all.add(ok)
+        (self.older if r.finish_s < self.split else self.recent).add(ok)
+        self.tenants.setdefault(r.tenant, _Tally()).add(ok)
+        self.ttft_ok += r.ttft_ok
+        self.tpot_ok += r.tpot_ok
+        self.prompt += r.prompt_tokens
+        self.output += r.output_tokens
+        self.output_sq += r.output_tokens * r.output_tokens
+        base = m.base_value(r)
+        self.value += base * m.service_gain(r)
+        self.best += base
+        if len(self.ttfts[-1]) >= LONG_VIEW_STEP:
+            self.ttfts[-1].sort()  # sorted runs merge cheaply for the percentile
+            self.ttfts.append([])
+        self.ttfts[-1].append(r.ttft_s)
+
+    def view(self, w: float, arrivals: int, prev_arrivals: int) -> LongView:
+        n = self.all.n
+        attainment = {t: s.attainment for t, s in sorted(self.tenants.items())}
         return LongView(
-            window_s=w,
-            arrival_rate=self._arrivals_between(now - w, now) / w,
-            prev_arrival_rate=self._arrivals_between(now - 2 * w, now - w) / w,
-            completions=len(done),
-            prompt_len_mean=statistics.fmean(r.prompt_tokens for r in done) if done else 0.0,
-            output_len_mean=statistics.fmean(outputs) if outputs else 0.0,
-            output_len_cv=_cv(outputs),
-            violation_rate=1.0 - m.slo_attainment(done),
-            ttft_violation_rate=1.0 - m.ttft_compliance(done),
-            tpot_violation_rate=1.0 - m.tpot_compliance(done),
-            violation_trend=m.slo_attainment(older) - m.slo_attainment(half),
-            ttft_p99_s=percentile([r.ttft_s for r in done], 99),
-            goodput=m.goodput(done, w),
-            esg_ratio=m.esg_ratio(done),
+            window_s=w, arrival_rate=arrivals / w, prev_arrival_rate=prev_arrivals / w,
+            completions=n,
+            prompt_len_mean=self.prompt / n if n else 0.0,
+            output_len_mean=self.output / n if n else 0.0,
+            output_len_cv=self._output_cv(),
+            violation_rate=1.0 - self.all.attainment,
+            ttft_violation_rate=1.0 - (self.ttft_ok / n if n else 1.0),
+            tpot_violation_rate=1.0 - (self.tpot_ok / n if n else 1.0),
+            violation_trend=self.older.attainment - self.recent.attainment,
+            ttft_p99_s=self._ttft_p99(),
+            goodput=self.all.ok / w,
+            esg_ratio=self.value / self.best if self.best > 0 else 1.0,
             tenant_attainment=attainment,
             fairness=jain_index(list(attainment.values())),
         )
 
-    def _arrivals_between(self, start: float, end: float) -> int:
-        return sum(1 for t in self._arrivals if start < t <= end)
+    def _output_cv(self) -> float:
+        n = self.all.n
+        if n < 2 or self.output <= 0:
+            return 0.0
+        # Integers all the way: the population variance n*sum(x^2) - sum(x)^2 over n^2.
+        spread = math.sqrt(n * self.output_sq - self.output * self.output) / n
+        return spread / (self.output / n)
+
+    def _ttft_p99(self) -> float:
+        """`percentile(ttfts, 99)`: the value that many places from the top."""
+        n = self.all.n
+        if n == 0:
+            return 0.0
+        from_top = n - max(1, math.ceil(0.99 * n)) + 1
+        self.ttfts[-1].sort()  # the others were sorted as they filled
+        top = islice(heapq.merge(*(reversed(run) for run in self.ttfts), reverse=True), from_top)
+        return list(top)[-1]
 
 
-def _cv(values: Sequence[float]) -> float:
-    if len(values) < 2:
-        return 0.0
-    mean = statistics.fmean(values)
-    return statistics.pstdev(values) / mean if mean > 0 else 0.0
+def run_steps(steps: Generator[None, None, T]) -> T:
+    """Drive a stepped computation to its end at once."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
 
-def _tenant_attainment(done: Sequence[CompletionRecord]) -> dict[str, float]:
-    by_tenant: dict[str, list[CompletionRecord]] = {}
-    for record in done:
-        by_tenant.setdefault(record.tenant, []).append(record)
-    return {tenant: m.slo_attainment(rs) for tenant, rs in sorted(by_tenant.items())}
+def _finish(record: CompletionRecord) -> float:
+    return record.finish_s
+
+
+def _insert_sorted(window: deque[T], item: T, key: Callable[[T], float]) -> None:
+    """Append, keeping `window` in key order: events from different sources can land
+    slightly out of order, and the windows' walks stop at the first one too old."""
+    at = len(window)
+    while at > 0 and key(window[at - 1]) > key(item):
+        at -= 1
+    window.insert(at, item)

@@ -36,7 +36,8 @@ class Layer:
     sample: Callable[[float], Any]
     # The daemon's live snapshot: live(core). It runs on the event loop, so it must stay
     # cheap; a layer whose snapshot walks a long window returns a copy of what the walk
-    # reads and names the walk as `build`, which runs in a worker thread.
+    # reads and names the walk as `build`: a coroutine function that walks it in steps
+    # on the loop, or a plain function, run in a worker thread.
     live: Callable[[Any], Any]
     # Put a version in charge at start: install(core, active, on_failure) -> Guard.
     install: Callable[[Any, Any, Callable[[Any], None]], Any]
@@ -46,7 +47,8 @@ class Layer:
     tuning: Callable[[str, Any], dict[str, Any]] = _no_tuning
     # Where the built-ins' source is (default: each factory's own module).
     source_module: ModuleType | None = None
-    # Turns what `live` copied into the dry run's snapshot, off the loop (None: as is).
+    # Turns what `live` copied into the dry run's snapshot without holding the loop
+    # (None: as is).
     build: Callable[[Any], Any] | None = None
 
     def builtin(self, name: str, core: Any) -> Any:

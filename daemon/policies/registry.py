@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import inspect
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -182,7 +183,7 @@ class PolicyService:
                                   f"not {layer.name!r}", "layer_mismatch", "layer")
             number = await self._latest(s, name) + 1
             # Validated before the first write, which takes the store's write lock until
-            # the commit: validation awaits a worker thread (Layer.build).
+            # the commit: validation awaits the live snapshot's build (Layer.build).
             report = await self._validate(layer, name, source, number)
             if row is None:
                 s.add(models.Policy(name=name, layer=layer.name, active_version=None,
@@ -308,7 +309,9 @@ class PolicyService:
         if stored is not None and stored.author == BUILTIN and stored.version == 1:
             return Report(snapshots=["builtin"])
         live = layer.live(self.core)
-        if layer.build is not None:
+        if inspect.iscoroutinefunction(layer.build):
+            live = await layer.build(live)
+        elif layer.build is not None:
             live = await asyncio.to_thread(layer.build, live)
         # The dry run itself stays on the loop's (main) thread: only there can a runaway
         # call be interrupted and its hot line sampled (deadline.py, hotspot.py).

@@ -16,6 +16,7 @@ from typing import Any
 
 import scheduling.ordering
 from daemon.policies.layer_spec import DryCall, Layer
+from daemon.slo_long_view import stepped
 from daemon.slo_settings import startup_policy
 from scheduling.admission import AdmissionDecision, AdmissionFence, ExecutionControls
 from scheduling.layer_policies import (
@@ -125,13 +126,15 @@ def sample_long_views(now: float) -> tuple[LongView, ...]:
 def live_long_views(core: Any) -> tuple[ViewBuilder, float]:
     """A copy of the SLO views' windows and when it was taken. Building the long view
     walks every completion of the long window (tens of ms under load), so it is left to
-    `build_long_views`, off the loop; the copy is the recorded snapshot it validates on."""
+    `build_long_views`, in steps; the copy is the recorded snapshot it validates on."""
     return core.slo.views.frozen(), time.time()
 
 
-def build_long_views(taken: tuple[ViewBuilder, float]) -> tuple[LongView, ...]:
+async def build_long_views(taken: tuple[ViewBuilder, float]) -> tuple[LongView, ...]:
+    """On the loop in steps, as the meta loop's own builds (daemon/slo_long_view.py): a
+    worker thread would take the GIL from the dispatches in 5 ms bites."""
     views, now = taken
-    return (views.long_view(now),)
+    return (await stepped(views.long_view_steps(now)),)
 
 
 # --- admission --------------------------------------------------------------------------

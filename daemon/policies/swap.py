@@ -156,7 +156,8 @@ class GuardedKvPolicy(Guard, KvPolicy):
         return self.call(lambda p: p.decide(view, now))
 
     def route(self, view: KvView, program_id: str, now: float) -> str | None:
-        return self.call(lambda p: p.route(view, program_id, now))
+        worker: str | None = self.call(lambda p: p.route(view, program_id, now))
+        return worker
 
     def on_request_end(self, view: KvView, program_id: str, now: float) -> list[Decision]:
         return self.call(lambda p: p.on_request_end(view, program_id, now))
