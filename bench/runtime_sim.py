@@ -5,9 +5,12 @@ share.
 Each instance runs one call at a time, for as long as the simulated engine's cost model
 says (batch of one: the prompt's prefill, then one decode step per output token).
 Everything else is real: local controllers, placement, migration, and the global
-controller running the policy every `period_s`. A provisioned instance serves after
-`provision_s` (a model load); one that replaces a killed instance starts loading only
-once the killed one has drained, since until then its resources are still in use.
+controller running the policy every `period_s`. The setup's instances are all the
+hardware there is (`Setup.budget`): a provisioned instance starts loading (it serves
+`provision_s` later) only when an instance's resources are free, so one that replaces a
+killed instance waits for the killed one to drain, and one provisioned over the budget
+waits, STARTING, until something dies. A policy cannot get more than the budget by
+provisioning early.
 """
 
 from __future__ import annotations
@@ -68,9 +71,8 @@ class Sim(ABC):
         self.work: dict[str, float] = {}  # call -> its service time, when known up front
         self.moves = 0
         self.provisioned = 0
-        self.draining: list[str] = []  # killed, still finishing a call
-        self.freed = 0  # instances' resources released and not yet taken
-        self.waits_on: dict[str, str] = {}  # draining instance -> its replacement
+        self.free = 0  # instances' resources not held by any instance
+        self.pending: list[str] = []  # provisioned, waiting for resources to load on
 
     # --- what a workload defines ---------------------------------------------------------
 
@@ -120,23 +122,14 @@ class Sim(ABC):
             kind = e["event"]
             if kind == "future.migrated":
                 self.moves += 1
-            elif kind == "instance.killed":
-                self.draining.append(e["instance"])
             elif kind == "instance.dead":
-                self.draining.remove(e["instance"])
-                new = self.waits_on.pop(e["instance"], None)
-                if new is None:
-                    self.freed += 1
-                else:
-                    self.at(self.now + self.setup.provision_s, "ready", new)
+                self.free += 1
             elif kind == "instance.provisioned":
                 self.provisioned += 1
-                waiting = [d for d in self.draining if d not in self.waits_on]
-                if self.freed or not waiting:
-                    self.freed = max(0, self.freed - 1)
-                    self.at(self.now + self.setup.provision_s, "ready", e["instance"])
-                else:
-                    self.waits_on[waiting[0]] = e["instance"]
+                self.pending.append(e["instance"])
+        while self.free and self.pending:
+            self.free -= 1
+            self.at(self.now + self.setup.provision_s, "ready", self.pending.pop(0))
 
     def _dispatch(self) -> None:
         for inst in self.c.startable():

@@ -5,42 +5,35 @@ An agent's expected wait is the work it holds (its calls, queued, waiting or run
 times its mean service time) per instance it has, serving or still starting (capacity
 on its way counts, so that one burst does not provision twice). Each step the agent
 with the longest wait gets one more instance, if even with it each instance would
-hold at least `min_gain_s` of work: a new one while under the budget, else one taken
-from the agent that would then wait least, if that agent would still wait
-`min_gain_s` less than the receiver (so the next step does not move it back), has
-more than its min_instances, and over the last ~30 s left at least `spare` instances'
-worth of capacity unused (instances minus their summed utilisation): with one fewer it
-still carries what it has been asked to carry. A backlog alone is no reason to give:
-when every agent is busy a move only trades one queue for another and loses an
-instance's time to the drain and the load. The donor's least-loaded instance holding
-no session state is killed: it drains (its queued calls move to its siblings, its
-running ones finish) and its resources go to the new one.
+hold at least `min_gain_s` of work (a new instance serves only after its model load:
+a backlog that drains sooner is not worth one): a new one while the budget has room,
+else one taken from the agent that would then wait least, if that agent would still
+wait `min_gain_s` less than the receiver (hysteresis: the next step does not move it
+back), serves with more than its min_instances, and over the last ~30 s left at least
+`spare` instances' worth of capacity unused (instances minus their summed
+utilisation). A backlog alone is no reason to give: a donor's wait shows its queue,
+not its arrivals, and one that uses all it has pays for a lost instance long after
+the receiver's burst is gone (bench/runtime_imbalance.py measured it: without this
+test the analyst's sub-agents are stripped and its P99 grows sixfold at load 1.2).
+A killed instance holds its resources until it has drained, so it counts against the
+budget until it is dead. The donor's least-loaded instance holding no session state
+is killed: its queued calls move to its siblings, its running ones finish, and its
+resources go to the new one.
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 from scheduling.control import (
     ControlDecision,
     ControlPolicy,
     ControlView,
+    InstanceState,
     InstanceView,
     kill,
     provision,
 )
 
 DEFAULT_SERVICE_S = 1.0  # an agent type nobody has timed yet
-
-
-class _Agent(NamedTuple):
-    name: str
-    work_s: float  # its calls times its mean service time
-    instances: int  # provisioned: serving or starting
-
-    def wait_s(self, delta: int = 0) -> float:
-        n = self.instances + delta
-        return self.work_s / n if n > 0 else float("inf")
 
 
 class ResourceReassignment(ControlPolicy):
@@ -53,52 +46,44 @@ class ResourceReassignment(ControlPolicy):
         self.spare = spare
 
     def decide(self, view: ControlView, now: float) -> list[ControlDecision]:
-        agents = _agents(view)
-        if not agents:
-            return []
-        hot = max(agents, key=lambda a: a.wait_s())
-        if hot.instances >= view.directives(hot.name).max_instances or \
-                hot.wait_s(1) < self.min_gain_s:
-            return []
-        why = f"{hot.wait_s():.1f} s of work per instance"
-        if self.budget is None or sum(a.instances for a in agents) < self.budget:
-            return [provision(hot.name, reason=why)]
-        donor = self._donor(view, agents, hot)
-        if donor is None:
-            return []
-        return [kill(donor, reason=f"reassigned to {hot.name}"), provision(hot.name, reason=why)]
+        held = {t: h for t in view.agent_types() if (h := view.provisioned(t))}
+        work = _work(held)
+        n = {t: len(h) for t, h in held.items()}
 
-    def _donor(self, view: ControlView, agents: list[_Agent], hot: _Agent) -> str | None:
-        # an instance holding a session's state (a pin or a route) is not for taking
-        held = set(view.rules.pins.values()) | set(view.rules.routes.values())
-        best: tuple[float, str] | None = None
-        for a in agents:
-            if a is hot or a.instances <= max(1, view.directives(a.name).min_instances):
-                continue
-            after = a.wait_s(-1)
-            if after + self.min_gain_s > hot.wait_s(1) or (best and after >= best[0]):
-                continue
-            alive = view.instances_of(a.name)
-            if len(alive) - sum(i.utilisation for i in alive) < self.spare:
-                continue
-            free = [i for i in alive if i.instance_id not in held]
+        def wait(t: str, delta: int = 0) -> float:
+            return work[t] / (n[t] + delta) if n[t] + delta > 0 else float("inf")
+
+        if not held:
+            return []
+        hot = max(held, key=wait)
+        gain = wait(hot, 1)
+        if n[hot] >= view.directives(hot).max_instances or gain < self.min_gain_s:
+            return []
+        why = f"{wait(hot):.1f} s of work per instance"
+        in_use = sum(i.state is not InstanceState.DEAD for i in view.instances)
+        if self.budget is None or in_use < self.budget:
+            return [provision(hot, reason=why)]
+        # min_instances counts serving instances (the validator's rule): a kill it
+        # refuses would leave the provision alone, over the budget
+        donors = [t for t in held if t != hot and wait(t, -1) + self.min_gain_s <= gain
+                  and len(alive := view.instances_of(t)) > max(1, view.directives(t).min_instances)
+                  and len(alive) - sum(i.utilisation for i in alive) >= self.spare]
+        stateful = set(view.rules.pins.values()) | set(view.rules.routes.values())
+        for donor in sorted(donors, key=lambda t: wait(t, -1)):
+            free = [i for i in view.instances_of(donor) if i.instance_id not in stateful]
             if free:
-                best = (after, min(free, key=lambda i: (i.load, i.running)).instance_id)
-        return best[1] if best else None
+                victim = min(free, key=lambda i: (i.load, i.running)).instance_id
+                return [kill(victim, reason=f"reassigned to {hot}"), provision(hot, reason=why)]
+        return []
 
 
-def _agents(view: ControlView) -> list[_Agent]:
-    by_type = {t: view.provisioned(t) for t in view.agent_types()}
-    by_type = {t: held for t, held in by_type.items() if held}
-    timed = {t: s for t, held in by_type.items() if (s := _service_s(held)) is not None}
+def _work(held: dict[str, list[InstanceView]]) -> dict[str, float]:
+    """Per agent type: its calls times its mean service time (over the instances that
+    have completed calls; untimed types get the others' mean)."""
+    timed: dict[str, float] = {}
+    for t, instances in held.items():
+        means = [i.mean_service_s for i in instances if i.completed]
+        if means:
+            timed[t] = sum(means) / len(means)
     fallback = sum(timed.values()) / len(timed) if timed else DEFAULT_SERVICE_S
-    return [_Agent(t, sum(i.load for i in held) * timed.get(t, fallback), len(held))
-            for t, held in by_type.items()]
-
-
-def _service_s(instances: list[InstanceView]) -> float | None:
-    """Mean service time over the instances that have completed calls."""
-    timed = [(i.mean_service_s, i.completed) for i in instances if i.completed]
-    if not timed:
-        return None
-    return sum(s for s, _ in timed) / len(timed)
+    return {t: sum(i.load for i in h) * timed.get(t, fallback) for t, h in held.items()}

@@ -1,14 +1,15 @@
 """The load-imbalance benchmark's emulation (bench/runtime_sim.py and its two workloads)
 on a few minutes of trace: every request completes, nothing beats the no-queueing
 floor, sessions are reconstructed from the trace's shared prefixes, and a reassigned
-instance's replacement starts loading only once the killed one has drained."""
+instance's replacement starts loading only once the killed one has drained (nothing
+runs beyond the setup's instances)."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
 from bench import runtime_analyst, runtime_router
-from bench.runtime_sim import PROVISION_S
+from bench.runtime_sim import PROVISION_S, Setup
 from daemon.engines.sim.cost import load_cost_model
 from scheduling.control import ControlDecision, ControlPolicy, ControlView, Kill, Provision
 from scheduling.control_policies import StaticRouting, nalar_default
@@ -100,6 +101,56 @@ def test_replacement_loads_only_after_the_killed_instance_drained() -> None:
     [new] = active_at
     assert new.startswith("Coding#")
     assert active_at[new] >= dead_at[killed] + PROVISION_S - 1e-9
+
+
+class _ProvisionThenKill(ControlPolicy):
+    """Provisions a Coding instance over the budget at once; kills a Chat one at 30 s."""
+
+    name: ClassVar[str] = "provision-then-kill"
+
+    def __init__(self) -> None:
+        self.step = 0
+
+    def decide(self, view: ControlView, now: float) -> list[ControlDecision]:
+        self.step += 1
+        if self.step == 1:
+            return [Provision("Coding", None, "test")]
+        if now >= 30.0 and len(view.instances_of("Chat")) == 10:
+            return [Kill(min(view.instances_of("Chat"), key=lambda i: i.load).instance_id)]
+        return []
+
+
+def test_an_instance_over_the_budget_waits_for_resources() -> None:
+    reqs = runtime_router.requests(1.0, SHORT)
+    sim = runtime_router.RouterSim(_ProvisionThenKill(), COST)
+    active_at: dict[str, float] = {}
+    dead_at: list[float] = []
+    real_activate, real_event = sim.c.activate, sim.c._event
+
+    def activate(instance_id: str) -> None:
+        active_at[instance_id] = sim.now
+        real_activate(instance_id)
+
+    def event(kind: str, **data: object) -> None:
+        if kind == "instance.dead":
+            dead_at.append(sim.now)
+        real_event(kind, **data)
+
+    sim.c.activate = activate  # type: ignore[method-assign]
+    sim.c._event = event  # type: ignore[method-assign]
+    sim.run(((r.arrival, r) for r in reqs), len(reqs))
+    assert len(sim.latency) == len(reqs)
+    [new] = active_at
+    [died] = dead_at
+    assert died >= 30.0 and active_at[new] >= died + PROVISION_S - 1e-9
+
+
+def test_clairvoyant_reference_moves_instances_and_completes() -> None:
+    reqs = runtime_router.requests(1.2, SHORT)
+    setup = Setup(runtime_router.ALLOCATION)  # floors of one instance each
+    ahead = runtime_router.Clairvoyant(reqs, COST, setup)
+    row = runtime_router.simulate(ahead, "clairvoyant", reqs, COST, setup=setup)
+    assert row["requests"] == len(reqs) and row["instances_provisioned"] > 0
 
 
 def test_router_on_one_shared_pool_completes() -> None:

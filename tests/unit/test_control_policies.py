@@ -118,6 +118,44 @@ def test_reassignment_levels_the_work_per_instance() -> None:
     assert [type(d) for d in unbounded] == [Provision]
 
 
+def test_reassignment_counts_a_draining_instance_against_the_budget() -> None:
+    """A killed instance holds its resources until its running call ends: provisioning
+    into that room would run one instance more than the budget."""
+    agents = {"chat": Directives(min_instances=1, max_instances=4),
+              "code": Directives(min_instances=1, max_instances=4)}
+    c = Cluster(agents)
+    for agent in ("chat", "chat", "code"):
+        c.add_instance(agent, now=0.0)
+    c.create("long", "s-long", "chat", 0.0)
+    c.start_next("chat#0", 0.0)
+    c.apply([Kill("chat#0", "test")], 1.0)  # drains: its call still runs
+    _backlog(c, "code", 12, 2.0, 2.0)
+    policy = ResourceReassignment(budget=3, min_gain_s=5.0)
+    assert len(c.view(2.0).provisioned("chat")) + len(c.view(2.0).provisioned("code")) == 2
+    assert policy.decide(c.view(2.0), 2.0) == []  # chat is at its min; no room to add
+    c.finish("chat#0", "long", None, True, 3.0)  # dead now: its room is free
+    assert policy.decide(c.view(3.0), 3.0) == [
+        Provision("code", None, "24.0 s of work per instance")]
+
+
+def test_reassignment_takes_only_serving_instances_above_the_floor() -> None:
+    """A donor at its floor of serving instances, a third still starting: the validator
+    would refuse the kill and let the provision through alone, over the budget."""
+    agents = {"chat": Directives(min_instances=2, max_instances=4),
+              "code": Directives(min_instances=1, max_instances=4)}
+    c = Cluster(agents, cold_start=True)
+    c.add_instance("chat", now=0.0)
+    c.add_instance("chat", now=0.0)
+    c.add_instance("chat", now=0.0, starting=True)
+    c.add_instance("code", now=0.0)
+    _backlog(c, "code", 12, 2.0, 90.0)  # chat idle long enough to have capacity to spare
+    policy = ResourceReassignment(budget=4, min_gain_s=5.0)
+    assert policy.decide(c.view(90.0), 90.0) == []
+    c.activate("chat#2")
+    step = GlobalController(policy).step(c.view(90.0), 90.0)
+    assert [type(d) for d in step.accepted] == [Kill, Provision] and not step.rejected
+
+
 def test_reassignment_needs_a_clear_difference_and_spares_state() -> None:
     agents = {"chat": Directives(min_instances=1, max_instances=4),
               "code": Directives(min_instances=1, max_instances=4)}
