@@ -6,8 +6,9 @@ llama3-8b-h100 workers, all five KV policies side by side plus the no-thrash bou
 
 The JSON's ``ablation`` rows rerun ``agentd`` on the synthetic agents at the lowest and
 the highest concurrency with each ``AgentdOptions`` flag flipped (on-by-default ones off,
-opt-in ones on) and with a longer hold; at the highest also ThunderAgent and agentd with
-a longer force-resume timeout and with none, which shows what each one's wait bound costs.
+opt-in ones on) and with the other option values in ``VALUES``; at the highest also
+ThunderAgent and agentd with a longer force-resume timeout and with none, which shows
+what each one's wait bound costs.
 stdout gets a markdown table per workload and one for the ablation; ``wait p99/max`` is
 ready-to-first-token, counting requests still unserved at the end as waiting until then.
 
@@ -45,11 +46,14 @@ KV_TOKENS = 444_000
 DURATION_S = 300.0
 # AgentdOptions flags that are on by default; each ablation row turns one of them off.
 ON_BY_DEFAULT = ("fair_resume", "release_on_demand", "longest_acting_first", "cached_first",
-                 "spread_admission", "migration_cost", "balance_route")
+                 "spread_admission", "migration_cost", "balance_route", "cold_with_new",
+                 "home_cached")
 # Flags off by default; each ablation row turns one of them on.
-OFF_BY_DEFAULT = ("overdue_first", "predicted_hold", "share_prefix", "smooth_admission")
-# Other values of numeric options, one row each.
-VALUES = (("hold_s", 15.0),)
+OFF_BY_DEFAULT = ("overdue_first", "predicted_hold", "share_prefix", "smooth_admission",
+                  "new_wait")
+# Other values of numeric options, one row each (hold_s=5 was the default before
+# cold_with_new and home_cached).
+VALUES = (("hold_s", 5.0), ("thrash_slack", 0.06))
 FORCE_RESUME_S = (120.0, float("inf"))
 
 

@@ -38,8 +38,11 @@ class AgentdOptions:
         is likely to run long. Recomputing a 25k-token context costs about as much
         GPU time as holding it idle for 20 s, but a released program's blocks stay
         in vLLM's LRU for a while (about 10 s at 256 programs) and are reused if it
-        returns by then, so the hold can be shorter: 5 s and 15 s give the same
-        throughput within seed noise, 15 s a point or two more prefix hits.
+        returns by then. 15 s rather than 5 s: a tool still running after 5 s ends
+        within the next 10 s about half the time, and every program released then
+        and restored later recomputes its context (with `cold_with_new` and
+        `home_cached`, 15 s gives 2-4 points more prefix hits at 64 and 128
+        programs and under one at 256, at equal throughput within seed noise).
     release_on_demand: past its hold a program keeps its full room until a waiting
         program needs it; then it is paused, longest acting first. ThunderAgent
         instead lends a decaying share of an acting program's room to newcomers
@@ -83,11 +86,35 @@ class AgentdOptions:
         burst of arrivals does not fill a worker that running contexts will outgrow.
         Off by default: it keeps newcomers (short contexts, many per GB of KV) out
         behind long-context programs at high load.
+    cold_with_new: a paused program whose blocks are no longer cached (the view's
+        `kv_resident` is false) has nothing left to lose by waiting, just like a
+        program that never started: it queues with the new programs, shortest
+        context first, behind paused programs whose blocks are still cached (their
+        wait costs them their cache). ThunderAgent restores every paused program
+        with a ready request before any new one, so under load a 30k-token
+        recompute (about 1.5 s of GPU at 8B) goes before a 17k-token first prompt,
+        and the room it takes evicts the cache of a program that would have hit.
+        Waiting stays bounded by `fair_resume`.
+    home_cached: a paused program whose blocks are still cached on its last worker
+        is restored there, releasing room there if needed, rather than on another
+        worker where it would recompute everything; only when nothing can be
+        released there may release on demand seat it elsewhere. `migration_cost`
+        alone sends it to any worker with room when its own is full.
+    new_wait: a program that never started never takes the room of a started one
+        (release on demand only serves paused programs): it has no cache to lose.
+        Off by default: with `cold_with_new` it costs 3% of the throughput at 256
+        programs for under a point of prefix hits: the room it leaves goes to cold
+        restores, which recompute anyway.
+    thrash_slack: a worker is thrashing only when its demand exceeds the high
+        watermark by this fraction of capacity; up to it, the engine's LRU evicts
+        the tails of the programs acting longest instead of a whole program being
+        paused and its room given away. Off by default: a few points of prefix hits
+        at 64 programs, but less throughput at 256.
     """
 
     fair_resume: bool = True
     overdue_first: bool = False
-    hold_s: float = 5.0
+    hold_s: float = 15.0
     release_on_demand: bool = True
     predicted_hold: bool = False
     fleet_prior: bool = False
@@ -100,12 +127,17 @@ class AgentdOptions:
     smooth_admission: bool = False
     admits_per_tick: int = 4
     growth_reserve: float = 0.05
+    cold_with_new: bool = True
+    home_cached: bool = True
+    new_wait: bool = False
+    thrash_slack: float = 0.0
 
 
 class AgentdPolicy(ThunderAgentPolicy):
     """ThunderAgent with a queue-scaled wait bound, a hold window then release on
-    demand, cache-aware pause and restore order, spread admission, migration-cost
-    aware restore and request rebalancing; see `AgentdOptions` for each one."""
+    demand, cache-aware pause and restore order (cold paused programs queue with new
+    ones, cached ones go home), spread admission, migration-cost aware restore and
+    request rebalancing; see `AgentdOptions` for each one."""
 
     name = "agentd"
 
@@ -151,8 +183,11 @@ class AgentdPolicy(ThunderAgentPolicy):
         return self._held(program, now, fleet_tool_mean(view))
 
     def restore_key(self, program: ProgramView) -> Any:
-        """`restore_order`, with still-cached programs first within a rank."""
+        """`restore_order`, with still-cached programs first within a rank; with
+        `cold_with_new` a cold paused program ranks with the new ones."""
         rank, tokens, pid = restore_order(program)
+        if self.options.cold_with_new and rank == 0 and not program.kv_resident:
+            rank = 1
         return (rank, self.options.cached_first and not program.kv_resident, tokens, pid)
 
     def fits(self, plan: Plan, worker_id: str, program: ProgramView) -> bool:
@@ -177,6 +212,9 @@ class AgentdPolicy(ThunderAgentPolicy):
         ]
         if program.status is ProgramStatus.QUEUED and self.options.spread_admission:
             return roomiest_fit(plan, fitting, program)
+        home = plan.view.home_worker(program)
+        if self.options.home_cached and program.kv_resident and home is not None:
+            return home if home in fitting else None
         if not self.options.migration_cost:
             return super().choose_worker(plan, program)
         return min(fitting, key=lambda w: _restore_score(plan, w, program), default=None)
@@ -191,7 +229,7 @@ class AgentdPolicy(ThunderAgentPolicy):
         for program in sorted(queue, key=self.restore_key):
             if program.program_id not in plan.handled:
                 worker_id = self.choose_worker(plan, program)
-                if worker_id is None and release and program.waiting:
+                if worker_id is None and release and self._may_release_for(program):
                     worker_id = make_room(plan, program, lambda p: self._held(p, now, prior),
                                           partial(_score_on, plan, program))
                 if worker_id is not None:
@@ -199,6 +237,14 @@ class AgentdPolicy(ThunderAgentPolicy):
                     plan.place(program, worker_id, "admit" if queued else "restore")
             if program.program_id == until:
                 return
+
+    def thrash_watermark(self, view: KvView) -> float:
+        return view.config.high_watermark + self.options.thrash_slack
+
+    def _may_release_for(self, program: ProgramView) -> bool:
+        if self.options.new_wait and program.status is ProgramStatus.QUEUED:
+            return False
+        return program.waiting
 
     def _fits_now(self, view: KvView, worker_id: str, program: ProgramView, now: float) -> bool:
         plan = self._plan(view, now)

@@ -80,8 +80,12 @@ class ThunderAgentPolicy(KvPolicy):
         ledger = Ledger(view, lambda p: self.weight(p, view, now), self.share_prefix)
         return Plan(view, ledger, lambda p: self.pause_key(p, view, now))
 
+    def thrash_watermark(self, view: KvView) -> float:
+        """Demand above capacity times this is thrashing."""
+        return view.config.high_watermark
+
     def _relieve(self, plan: Plan) -> None:
-        high = plan.view.config.high_watermark
+        high = self.thrash_watermark(plan.view)
         for worker_id in plan.ledger.worker_ids():
             _reclaim(plan, worker_id, high, need=0.0, reason="thrashing")
 

@@ -37,11 +37,11 @@ def agentd(**options: Any) -> AgentdPolicy:
 
 def test_a_program_past_its_hold_is_released_only_when_a_waiting_program_needs_it() -> None:
     resident = (prog("r", R, 500), prog("a", A, 300, acting_since=NOW - 1),
-                prog("b", A, 200, acting_since=NOW - 8))
+                prog("b", A, 200, acting_since=NOW - 20))
     assert agentd().decide(view(*resident), NOW) == []  # b is past its hold, nobody waits
     fits = view(*resident, prog("q", Q, 200))
     assert agentd().decide(fits, NOW) == [Pause("b", "w0", "released"), Admit("q", "w0")]
-    # "a" is still inside its 5 s hold: its room is not taken, even for a smaller need.
+    # "a" is still inside its 15 s hold: its room is not taken, even for a smaller need.
     too_big = view(*resident, prog("q", Q, 250))
     assert agentd().decide(too_big, NOW) == []
 
@@ -59,7 +59,7 @@ def test_hold_is_hold_s_or_with_predicted_hold_the_programs_own_tool_time() -> N
     quick = prog("p", A, 100, acting_since=NOW - 2, tool_time_mean_s=1.0)
     fresh = prog("n", A, 100, acting_since=NOW - 2)
     v = view(quick, fresh, prog("o", A, 100, tool_time_mean_s=3.0))
-    assert agentd().held(quick, v, NOW) and not agentd().held(quick, v, NOW + 3.5)
+    assert agentd().held(quick, v, NOW) and not agentd().held(quick, v, NOW + 13.5)
     predicted = agentd(predicted_hold=True)
     assert not predicted.held(quick, v, NOW)  # its tools take 1 s; 2 s in, it is late
     assert predicted.held(fresh, v, NOW)  # no history: hold_s
@@ -87,7 +87,8 @@ def test_reasoning_programs_are_marked_longest_running_first() -> None:
 def test_paused_programs_whose_blocks_are_still_cached_are_restored_first() -> None:
     v = view(prog("r", R, 600), late("p1", 300, 1), late("p2", 350, 1, kv_resident=True))
     assert agentd().decide(v, NOW) == [Restore("p2", "w0", "restore")]
-    assert agentd(cached_first=False).decide(v, NOW) == [Restore("p1", "w0", "restore")]
+    unordered = agentd(cached_first=False, cold_with_new=False)
+    assert unordered.decide(v, NOW) == [Restore("p1", "w0", "restore")]
 
 
 def test_an_evicted_program_returns_to_its_last_worker_when_recompute_ties() -> None:
@@ -156,3 +157,44 @@ def test_a_ready_request_moves_to_a_much_less_used_worker_that_has_room() -> Non
     assert agentd().route(view(back, used=(300, 200)), "a", NOW) == "w0"  # would not narrow
     full = view(back, prog("big", R, 900, worker="w1"), used=(600, 100))
     assert agentd().route(full, "a", NOW) == "w0"
+
+
+def test_a_cold_paused_program_queues_with_new_programs_shortest_first() -> None:
+    # Room for one more: the cached paused program first, then the shortest of the
+    # cold paused one and the new one; ThunderAgent's order puts every paused one first.
+    base = (prog("r", R, 700), prog("q", Q, 150), late("cold", 200, 1))
+    v = view(*base)
+    assert agentd().decide(v, NOW) == [Admit("q", "w0")]
+    assert agentd(cold_with_new=False).decide(v, NOW) == [Restore("cold", "w0", "restore")]
+    cached = view(*base, late("warm", 300, 1, kv_resident=True))
+    assert agentd().decide(cached, NOW) == [Restore("warm", "w0", "restore")]
+
+
+def test_a_cached_paused_program_waits_for_its_own_worker() -> None:
+    # w0 is full of running requests (nothing to release); w1 has room. Restored on w1,
+    # p would recompute everything its w0 blocks still hold.
+    v = view(prog("x", R, 900, worker="w0"), late("p", 200, 1, worker="w0", kv_resident=True),
+             used=(0, 0))
+    assert agentd().decide(v, NOW) == []
+    assert agentd(home_cached=False).decide(v, NOW) == [Restore("p", "w1", "restore")]
+    cold = view(prog("x", R, 900, worker="w0"), late("p", 200, 1, worker="w0"), used=(0, 0))
+    assert agentd().decide(cold, NOW) == [Restore("p", "w1", "restore")]
+
+
+def test_with_new_wait_only_a_started_program_takes_a_held_out_programs_room() -> None:
+    resident = (prog("r", R, 600), prog("b", A, 300, acting_since=NOW - 20))
+    new = view(*resident, prog("q", Q, 200))
+    assert agentd(new_wait=True).decide(new, NOW) == []
+    assert agentd().decide(new, NOW) == [Pause("b", "w0", "released"), Admit("q", "w0")]
+    started = view(*resident, late("p", 200, 1))
+    assert agentd(new_wait=True).decide(started, NOW) == [
+        Pause("b", "w0", "released"), Restore("p", "w0", "restore")]
+
+
+def test_thrash_slack_tolerates_a_small_overshoot_only() -> None:
+    v = view(prog("r", R, 700), prog("a", A, 330, acting_since=NOW - 20))
+    assert agentd(thrash_slack=0.05).decide(v, NOW) == []
+    assert agentd().decide(v, NOW) == [Pause("a", "w0", "thrashing")]
+    over = view(prog("r", R, 700), prog("a", A, 360, acting_since=NOW - 20))
+    assert agentd(thrash_slack=0.05).decide(over, NOW) == [Pause("a", "w0", "thrashing")]
+    assert ThunderAgentPolicy().thrash_watermark(v) == 1.0
