@@ -108,6 +108,8 @@ class Core:
 
     async def start(self) -> None:
         self.worker_key = ensure_worker_key(self.config.config_path)
+        # CurveZMQ on network worker endpoints, keyed by the same file (daemon/worker_curve.py).
+        self.broker.use_worker_key(self.worker_key)
         self.broker.start()
         self._tasks.append(asyncio.create_task(self._health_loop(), name="worker-health"))
         self._tasks.append(asyncio.create_task(self._kv_loop(), name="kv-control"))

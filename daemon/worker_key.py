@@ -4,7 +4,9 @@ Reaching the worker socket (the ipc file in the data dir, or a `worker_bind` TCP
 is not enough to receive prompts: a worker must also be able to read the key file,
 which the daemon creates mode 0600 next to its operator token on first start. Workers
 the supervisor starts get its path; workers on other machines get a copy
-(`agentd worker --key-file FILE`).
+(`agentd worker --key-file FILE`). On TCP the same key also keys the socket's CurveZMQ
+encryption (daemon/worker_curve.py), so rotating it (delete the file, restart the
+daemon) cuts off old copies at the handshake.
 """
 
 from __future__ import annotations

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import time
+from collections.abc import Callable
 from typing import Any
 
+import httpx
 import zmq
 
-from daemon import protocol
+from daemon import protocol, worker_curve
 from daemon.worker_key import key_path
 from tests.daemon_process import DaemonProcess
+
+MODEL = "sim-llama3-8b"
 
 
 def worker_key(d: DaemonProcess) -> str:
@@ -19,11 +24,18 @@ def worker_key(d: DaemonProcess) -> str:
     return key_path(d.config_dir).read_text().strip()
 
 
-def dealer(d: DaemonProcess, identity: str) -> zmq.Socket:  # type: ignore[type-arg]
+def dealer(d: DaemonProcess, identity: str, endpoint: str | None = None,
+           encrypted: bool | None = None) -> zmq.Socket:  # type: ignore[type-arg]
+    """A DEALER on the daemon's worker socket (default: its ipc file). `encrypted`: a
+    CurveZMQ client of the daemon's key, as real workers are on network endpoints
+    (default: as a real worker would be on `endpoint`)."""
+    endpoint = endpoint or f"ipc://{d.data_dir / 'workers.sock'}"
     sock: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)  # type: ignore[type-arg]
     sock.setsockopt(zmq.IDENTITY, identity.encode())
     sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(f"ipc://{d.data_dir / 'workers.sock'}")
+    if worker_curve.encrypts(endpoint) if encrypted is None else encrypted:
+        worker_curve.make_client(sock, worker_key(d))
+    sock.connect(endpoint)
     return sock
 
 
@@ -43,3 +55,35 @@ def worker_events(d: DaemonProcess, kind: str) -> list[str]:
         rows = db.execute("SELECT worker_id FROM trace_events WHERE kind = ? ORDER BY id",
                           (kind,)).fetchall()
     return [r[0] for r in rows]
+
+
+def chat(d: DaemonProcess, program: str, max_tokens: int = 4, timeout: float = 30,
+         content: str = "hi") -> httpx.Response:
+    body = {"model": MODEL, "max_tokens": max_tokens, "program_id": program,
+            "messages": [{"role": "user", "content": content}]}
+    return httpx.post(f"{d.url}/v1/chat/completions", json=body, headers=d.auth_headers(),
+                      timeout=timeout)
+
+
+def serves(d: DaemonProcess) -> bool:
+    r = chat(d, f"p-probe-{time.monotonic_ns()}", 3)
+    return r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+
+
+def metric(d: DaemonProcess, name: str, **labels: str) -> float:
+    """One sample from /metrics; 0 when the daemon has not exposed it (yet)."""
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    sample = f"{name}{{{want}}}" if want else name
+    for line in d.get("/metrics").text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def eventually(check: Callable[[], bool], within: float = 10.0) -> bool:
+    deadline = time.time() + within
+    while not check():
+        if time.time() > deadline:
+            return False
+        time.sleep(0.1)
+    return True

@@ -4,6 +4,9 @@ It registers, answers submits by streaming the engine's deltas back, aborts on
 request, and sends a heartbeat with the engine's stats on the interval the
 daemon asked for. If the daemon goes away the worker keeps retrying to
 register, so a restarted daemon gets its workers back without operator action.
+On a network endpoint the socket is a CurveZMQ client of a server key derived from the
+worker key (daemon/worker_curve.py); a daemon that fails the handshake (it holds another key,
+or does not encrypt) ends the worker with one line, as a refused registration does.
 """
 
 from __future__ import annotations
@@ -16,14 +19,18 @@ import uuid
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
-from daemon import protocol
+from daemon import protocol, worker_curve
 from daemon.engines.base import Engine
 from daemon.protocol import Abort, Finish, RegisterAck, Shutdown, Submit
 
 log = logging.getLogger("agentd.worker")
 
 REGISTER_TIMEOUT_S = 5.0
+# Consecutive failed handshakes before giving up: on this side a wrong key and a daemon
+# that hung up mid-handshake look alike, and only the first repeats (every ~100 ms).
+HANDSHAKE_FAILURES_TO_EXIT = 3
 
 
 class WorkerRuntime:
@@ -35,6 +42,8 @@ class WorkerRuntime:
         self.worker_id = worker_id or f"{engine.engine}-{uuid.uuid4().hex[:8]}"
         self._ctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
+        self._handshake_failures = 0
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._heartbeat_interval = 0.5
         self._stopping = asyncio.Event()
@@ -53,22 +62,51 @@ class WorkerRuntime:
             for task in self._tasks.values():
                 task.cancel()
             await self.engine.shutdown()
-            if self._sock is not None:
-                self._sock.close(linger=0)
+            self._close_socket()
             self._ctx.term()
 
     def stop(self) -> None:
         self._stopping.set()
 
+    def _close_socket(self) -> None:
+        if self._sock is None:
+            return
+        if self._monitor is not None:
+            self._sock.disable_monitor()
+            self._monitor.close(linger=0)
+            self._monitor = None
+        self._sock.close(linger=0)
+        self._sock = None
+
     def _new_socket(self) -> zmq.asyncio.Socket:
-        if self._sock is not None:
-            self._sock.close(linger=0)
+        self._close_socket()
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, self.worker_id.encode())
         sock.setsockopt(zmq.LINGER, 0)
+        if worker_curve.encrypts(self.connect):
+            worker_curve.make_client(sock, self.key)
+            self._monitor = sock.get_monitor_socket(
+                worker_curve.HANDSHAKE_FAILED_EVENTS | zmq.EVENT_HANDSHAKE_SUCCEEDED)
         sock.connect(self.connect)
         self._sock = sock
         return sock
+
+    async def _check_handshake(self) -> None:
+        """Exit when handshakes keep failing: retrying cannot help, the keys differ."""
+        while self._monitor is not None and await self._monitor.poll(0):
+            event = parse_monitor_message(await self._monitor.recv_multipart())
+            reason = worker_curve.failure_reason(event["event"], event["value"])
+            if reason is None:  # a handshake succeeded
+                self._handshake_failures = 0
+                continue
+            self._handshake_failures += 1
+            # A mechanism mismatch is never transient; which side sees it first is a race.
+            if reason == "plaintext" or self._handshake_failures >= HANDSHAKE_FAILURES_TO_EXIT:
+                raise SystemExit(
+                    f"agentd worker: the daemon at {self.connect} refused the encrypted "
+                    "handshake: this worker key is not the daemon's (or the daemon is an "
+                    "agentd without worker encryption); copy <config dir>/worker.key from "
+                    "the daemon's host and pass --key-file")
 
     async def _register(self) -> bool:
         sock = self._new_socket()
@@ -99,8 +137,10 @@ class WorkerRuntime:
         """The daemon's answer; anything else before it is meant for a previous session."""
         deadline = asyncio.get_running_loop().time() + REGISTER_TIMEOUT_S
         while (left := deadline - asyncio.get_running_loop().time()) > 0:
-            if not await sock.poll(left * 1000):
-                return None
+            await self._check_handshake()
+            # Short polls: a failed handshake shows on the monitor, not on the socket.
+            if not await sock.poll(min(left, 0.2) * 1000):
+                continue
             try:
                 msg = protocol.decode_from_daemon(await sock.recv())
             except protocol.ProtocolError:
@@ -115,6 +155,8 @@ class WorkerRuntime:
         try:
             while not self._stopping.is_set():
                 if not await self._sock.poll(200):
+                    # A daemon restarted with a rotated key fails the reconnect.
+                    await self._check_handshake()
                     continue
                 frame = await self._sock.recv()
                 try:

@@ -21,7 +21,17 @@ import zmq
 
 from daemon import protocol
 from tests.daemon_process import DaemonProcess
-from tests.worker_socket import dealer, register_frame, worker_events, worker_key
+from tests.worker_socket import (
+    MODEL,
+    chat,
+    dealer,
+    eventually,
+    metric,
+    register_frame,
+    serves,
+    worker_events,
+    worker_key,
+)
 
 
 def ack(sock: zmq.Socket) -> protocol.RegisterAck:  # type: ignore[type-arg]
@@ -83,7 +93,6 @@ def test_silent_worker_becomes_unhealthy(sim_daemon: DaemonProcess) -> None:
 
 # --- workers that misbehave while registered ----------------------------------------------
 
-MODEL = "sim-llama3-8b"
 Answer = Callable[[protocol.Submit], list[protocol.WorkerMessage]]
 
 
@@ -135,38 +144,6 @@ class FakeWorker:
         self._stop.set()
         self._thread.join(5)
         self.sock.close()
-
-
-def chat(d: DaemonProcess, program: str, max_tokens: int = 4, timeout: float = 30,
-         ) -> httpx.Response:
-    body = {"model": MODEL, "max_tokens": max_tokens, "program_id": program,
-            "messages": [{"role": "user", "content": "hi"}]}
-    return httpx.post(f"{d.url}/v1/chat/completions", json=body, headers=d.auth_headers(),
-                      timeout=timeout)
-
-
-def serves(d: DaemonProcess) -> bool:
-    r = chat(d, f"p-probe-{time.monotonic_ns()}", 3)
-    return r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
-
-
-def metric(d: DaemonProcess, name: str, **labels: str) -> float:
-    """One sample from /metrics; 0 when the daemon has not exposed it (yet)."""
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    sample = f"{name}{{{want}}}" if want else name
-    for line in d.get("/metrics").text.splitlines():
-        if line.startswith(sample + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
-def eventually(check: Callable[[], bool], within: float = 10.0) -> bool:
-    deadline = time.time() + within
-    while not check():
-        if time.time() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 # --- the worker key -----------------------------------------------------------------------
