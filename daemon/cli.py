@@ -107,6 +107,7 @@ def build_engine(args: argparse.Namespace) -> Any:
 def cmd_worker(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from daemon import interpreter_tuning
     from daemon.engines.worker import WorkerRuntime
     from daemon.worker_key import WorkerKeyError, default_key_path, read_worker_key
 
@@ -116,6 +117,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except WorkerKeyError as exc:
         raise CliError(str(exc)) from exc
     runtime = WorkerRuntime(build_engine(args), args.connect, args.worker_id, key=key)
+    # A worker's full collections delay every answer it streams, as the daemon's would.
+    interpreter_tuning.settle_after_startup()
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
