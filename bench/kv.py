@@ -8,7 +8,13 @@ The JSON's ``ablation`` rows rerun ``agentd`` on the synthetic agents at the low
 the highest concurrency with each ``AgentdOptions`` flag flipped (on-by-default ones off,
 opt-in ones on) and with the other option values in ``VALUES``; at the highest also
 ThunderAgent and agentd with a longer force-resume timeout and with none, which shows
-what each one's wait bound costs.
+what each one's wait bound costs. The ``agentd residency=estimate`` row runs agentd on
+the daemon's residency estimate (scheduling/kv/residency.py) instead of the sim's truth,
+``agentd residency=unknown`` on none (None), ``agentd residency=cold`` on "every paused
+program is cold" (what the daemon's view said before it estimated); every agentd row
+reports how the estimate scored against the truth (``residency_estimate``: share of
+paused-program views where they agree, false resident / false cold counts).
+``--residency-only`` runs just these four rows, into bench/results/kv_residency.json.
 stdout gets a markdown table per workload and one for the ablation; ``wait p99/max`` is
 ready-to-first-token, counting requests still unserved at the end as waiting until then.
 
@@ -63,28 +69,41 @@ def workloads(max_conc: int, seed: int) -> dict[str, list[ProgramSpec]]:
             "mooncake": mooncake[: 40 * max_conc]}
 
 
-Variant = tuple[KvPolicy, int, KvConfig]  # policy, KV tokens per worker, KV config
+# policy, KV tokens per worker, KV config, what the policy knows of a paused program's cache
+Variant = tuple[KvPolicy, int, KvConfig, str]
 
 
 def main_variant(policy: str) -> Variant:
     if policy == BOUND:
-        return make_kv_policy("vllm-default"), UNLIMITED_KV, KvConfig()
-    return make_kv_policy(policy), KV_TOKENS, KvConfig()
+        return make_kv_policy("vllm-default"), UNLIMITED_KV, KvConfig(), "engine"
+    return make_kv_policy(policy), KV_TOKENS, KvConfig(), "engine"
 
 
 def flag_variants(kv: KvConfig) -> dict[str, Variant]:
     """agentd as shipped, with each `AgentdOptions` flag flipped, and with `VALUES`."""
     base = AgentdOptions()
-    rows: dict[str, Variant] = {"agentd": (AgentdPolicy(base), KV_TOKENS, kv)}
+    rows: dict[str, Variant] = residency_variants(kv)
     for f in ON_BY_DEFAULT:
         off: dict[str, Any] = {f: 0.0 if isinstance(getattr(base, f), float) else False}
-        rows[f"agentd -{f}"] = (AgentdPolicy(replace(base, **off)), KV_TOKENS, kv)
+        rows[f"agentd -{f}"] = (AgentdPolicy(replace(base, **off)), KV_TOKENS, kv, "engine")
     for f in OFF_BY_DEFAULT:
-        rows[f"agentd +{f}"] = (AgentdPolicy(replace(base, **{f: True})), KV_TOKENS, kv)
+        rows[f"agentd +{f}"] = (AgentdPolicy(replace(base, **{f: True})), KV_TOKENS, kv,
+                                "engine")
     for f, value in VALUES:
         changes: dict[str, Any] = {f: value}
-        rows[f"agentd {f}={value:g}"] = (AgentdPolicy(replace(base, **changes)), KV_TOKENS, kv)
+        rows[f"agentd {f}={value:g}"] = (AgentdPolicy(replace(base, **changes)), KV_TOKENS,
+                                         kv, "engine")
     return rows
+
+
+def residency_variants(kv: KvConfig) -> dict[str, Variant]:
+    """agentd told the sim's truth about paused programs' caches, the estimate a daemon
+    makes from reported token counts, nothing (None: the issue's plain order), and
+    that every one is cold (what the daemon's view said before it estimated)."""
+    return {"agentd": (AgentdPolicy(), KV_TOKENS, kv, "engine"),
+            "agentd residency=estimate": (AgentdPolicy(), KV_TOKENS, kv, "estimate"),
+            "agentd residency=unknown": (AgentdPolicy(), KV_TOKENS, kv, "unknown"),
+            "agentd residency=cold": (AgentdPolicy(), KV_TOKENS, kv, "cold")}
 
 
 def ablation_variants(high: bool) -> dict[str, Variant]:
@@ -95,7 +114,7 @@ def ablation_variants(high: bool) -> dict[str, Variant]:
         return rows
     for limit, name in product(FORCE_RESUME_S, ("thunderagent", "agentd")):
         rows[f"{name} force_resume_s={limit:g}"] = (
-            make_kv_policy(name), KV_TOKENS, KvConfig(force_resume_s=limit))
+            make_kv_policy(name), KV_TOKENS, KvConfig(force_resume_s=limit), "engine")
     return rows
 
 
@@ -110,10 +129,10 @@ def _load(max_conc: int, seed: int) -> None:
 def run_task(task: Task, high: int, duration: float) -> dict[str, Any]:
     """One replay; runs in a worker process that `_load`ed the workloads."""
     workload, conc, label, ablated = task
-    policy, kv_tokens, kv = (ablation_variants(conc == high)[label] if ablated
-                             else main_variant(label))
+    policy, kv_tokens, kv, residency = (ablation_variants(conc == high)[label] if ablated
+                                        else main_variant(label))
     cfg = ReplayConfig(workers=2, kv_tokens=kv_tokens, concurrency=conc, duration_s=duration,
-                       kv=kv)
+                       kv=kv, residency=residency)
     row = Replay(_LOADED[workload], cfg, policy).run()
     return {"workload": workload, "concurrency": conc, **row, "policy": label,
             "force_resume_s": kv.force_resume_s}
@@ -147,9 +166,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1),
                    help="replays run in parallel (each is single-threaded and deterministic)")
+    p.add_argument("--concurrency", help="comma-separated live-program counts (overrides "
+                                         "the sweep and --quick's)")
+    p.add_argument("--residency-only", action="store_true",
+                   help="only agentd on the sim's residency truth and on the daemon's "
+                        "estimate, synthetic agents -> bench/results/kv_residency.json")
     args = p.parse_args(argv)
-    concs = (16, 256) if args.quick else CONCURRENCY
+    concs: tuple[int, ...] = (16, 256) if args.quick else CONCURRENCY
+    if args.concurrency:
+        concs = tuple(int(c) for c in args.concurrency.split(","))
     duration = 120.0 if args.quick else DURATION_S
+    if args.residency_only:
+        return residency_main(concs, duration, args.seed, max(1, args.jobs))
     clock = Stopwatch()
     main_tasks, ablation_tasks = tasks(concs)
     done = run_all(main_tasks + ablation_tasks, concs, duration, args.seed, max(1, args.jobs))
@@ -169,8 +197,43 @@ def main(argv: list[str] | None = None) -> int:
     plot_kv(rows, Path(path).with_suffix(".png"))
     print(tables(rows))
     print(ablation_table(ablated))
+    print(residency_table(ablated))
     log(targets(rows, concs))
     return 0
+
+
+def residency_main(concs: tuple[int, ...], duration: float, seed: int, jobs: int) -> int:
+    clock = Stopwatch()
+    todo = [("synthetic-agents", c, label, True) for c in concs
+            for label in residency_variants(KvConfig())]
+    rows = run_all(todo, concs, duration, seed, jobs)
+    params = {"workers": 2, "kv_tokens_per_worker": KV_TOKENS, "cost_model": "llama3-8b-h100",
+              "duration_s": duration, "concurrency": list(concs), "seed": seed,
+              "simulated": True, "jobs": jobs, "wall_s": round(clock.elapsed(), 1)}
+    save("kv_residency", params, rows)
+    print(residency_table(rows))
+    return 0
+
+
+def residency_table(rows: list[dict[str, Any]]) -> str:
+    """agentd on the residency estimate against agentd on the sim's truth, and how the
+    estimate scored on every paused program the policy looked at."""
+    out = ["\nresidency: agentd on the sim's truth vs the daemon's estimate (synthetic agents)\n",
+           "| variant | c | steps/min | vs truth | prefix hit | estimate agrees "
+           "| false resident | false cold | paused views |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["policy"] not in residency_variants(KvConfig()):
+            continue
+        base = next(b for b in rows if b["policy"] == "agentd"
+                    and b["concurrency"] == r["concurrency"])
+        est = r["residency_estimate"]
+        ratio = float(r["throughput_steps_per_min"]) / max(
+            float(base["throughput_steps_per_min"]), 1e-9)
+        out.append(f"| {r['policy']} | {r['concurrency']} | {r['throughput_steps_per_min']} | "
+                   f"{ratio:.3f}x | {r['prefix_hit_rate']} | {est['agree_share']} | "
+                   f"{est['false_resident']} | {est['false_cold']} | {est['paused_views']} |")
+    return "\n".join(out)
 
 
 def _ratio(rows: list[dict[str, Any]], row: dict[str, Any]) -> float:

@@ -552,6 +552,7 @@ class Core:
             req.prompt_tokens = msg.prompt_tokens
         if msg.cached_tokens is not None and req.failovers == 0:
             req.cached_tokens = msg.cached_tokens
+            self.kv.request_hit(req)
         req.output_tokens += msg.num_tokens
         req.generated.append(msg.text)
         req.stream.put_nowait(StreamItem(text=msg.text, num_tokens=msg.num_tokens))
@@ -571,6 +572,7 @@ class Core:
         # Deltas and finish may each be sane and still disagree (prompt from one, cached
         # from the other, or across a failover): usage must never show cached > prompt.
         req.cached_tokens = min(req.cached_tokens, req.prompt_tokens)
+        self.kv.request_wrote(req)
         if msg.reason == "error":
             self._end_request(req, RequestStatus.FAILED, "error", error=msg.error or "engine error")
         else:

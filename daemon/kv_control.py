@@ -8,6 +8,9 @@ request an operator moved with now=true) and records each one in the trace.
 Tools agentd runs for a program (see daemon/tool_clock.py) feed the view: while one
 runs the program is ACTING from the tool's start, and measured tool durations replace
 request gaps as its tool-time history.
+
+Whether a paused program's blocks are still cached is estimated from the token counts
+each request reports (scheduling/kv/residency.py): the engine does not say.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from daemon.state import ProgramState, ProgramStatus
+from daemon.state import ProgramState, ProgramStatus, RequestState
 from daemon.tool_clock import ToolClock, ToolClocks
 from scheduling.kv import (
     Admit,
@@ -34,6 +37,7 @@ from scheduling.kv import (
     plan_migration,
 )
 from scheduling.kv import ProgramStatus as KvStatus
+from scheduling.kv.residency import ResidencyEstimator, held_tokens
 
 if TYPE_CHECKING:
     from daemon.core import Core
@@ -50,17 +54,45 @@ class KvControl:
         self.policy: KvPolicy = make_kv_policy(policy_name)
         self.config = config or KvConfig()
         self.tools = ToolClocks()
-        self._views = ProgramViews(self.tools)
+        self.residency = ResidencyEstimator()
+        self._registered: dict[str, float] = {}
+        self._views = ProgramViews(self.tools, self.residency)
 
     # --- the view ---------------------------------------------------------------
 
     def view(self) -> KvView:
+        self._note_restarts()
         workers = tuple(
             WorkerView(w.id, w.kv_capacity_tokens,
                        w.stats.kv_used_tokens if w.stats else 0, w.healthy)
             for w in self.core.workers.values()
         )
-        return KvView(workers, self._views.build(self.core.programs.values()), self.config)
+        used = {w.worker_id: w.used_tokens for w in workers}
+        return KvView(workers, self._views.build(self.core.programs.values(), used), self.config)
+
+    def _note_restarts(self) -> None:
+        # A worker registering again under its id comes back with an empty cache.
+        for w in self.core.workers.values():
+            if self._registered.setdefault(w.id, w.registered_at) != w.registered_at:
+                self._registered[w.id] = w.registered_at
+                self.residency.worker_reset(w.id)
+
+    def request_hit(self, req: RequestState) -> None:
+        """The engine reported the request's cached tokens: blocks it took out of the
+        free queue without evicting anything."""
+        if req.worker_id is not None:
+            self.residency.request_hit(req.program_id, req.worker_id, req.cached_tokens)
+
+    def request_wrote(self, req: RequestState) -> None:
+        """A request that ran on a worker ended and freed its blocks there. The
+        worker's last stats were taken while it ran, so their usage still counts them."""
+        worker = self.core.workers.get(req.worker_id) if req.worker_id else None
+        if worker is None or worker.stats is None:
+            return
+        own = held_tokens(req.prompt_tokens, req.output_tokens, worker.block_size)
+        self.residency.request_ended(
+            req.program_id, worker.id, req.prompt_tokens, req.cached_tokens, req.output_tokens,
+            worker.stats.kv_used_tokens - own, worker.kv_capacity_tokens, worker.block_size)
 
     # --- calls into the policy --------------------------------------------------
 
@@ -161,33 +193,41 @@ class ProgramViews:
     reads, so a cached view always equals a fresh one.
     """
 
-    def __init__(self, tools: ToolClocks | None = None) -> None:
+    def __init__(self, tools: ToolClocks | None = None,
+                 residency: ResidencyEstimator | None = None) -> None:
         self._cache: dict[str, tuple[tuple[object, ...], ProgramView]] = {}
         self._tools = tools or ToolClocks()
+        self._residency = residency or ResidencyEstimator()
 
-    def build(self, programs: Iterable[ProgramState]) -> tuple[ProgramView, ...]:
+    def build(self, programs: Iterable[ProgramState],
+              used: Mapping[str, int] | None = None) -> tuple[ProgramView, ...]:
+        """`used`: each worker's used KV tokens now, for the residency estimate."""
         out = []
         cache = self._cache
         for p in programs:
             if p.held or p.status not in _TO_KV:
                 continue
             clock = self._tools.get(p.id)
+            resident = (self._residency.resident(p.id, p.worker_id, used.get(p.worker_id))
+                        if used and p.worker_id and p.status == ProgramStatus.PAUSED else None)
             key = (p.status, p.context_tokens, p.worker_id, p.acting_since, p.ready_since,
                    p.ready_request is not None, p.pinned, p.pause_marked, p.tool_time_sum,
                    p.tool_time_count, p.migrate_to, p.created_at,
-                   clock.key() if clock else None)
+                   clock.key() if clock else None, resident)
             hit = cache.get(p.id)
             if hit is None or hit[0] != key:
-                hit = cache[p.id] = (key, _program_view(p, clock))
+                hit = cache[p.id] = (key, _program_view(p, clock, resident))
             out.append(hit[1])
         return tuple(out)
 
     def forget_gone(self, programs: Mapping[str, ProgramState]) -> None:
         for pid in [pid for pid in self._cache if pid not in programs]:
             del self._cache[pid]
+        self._residency.forget_except(programs)
 
 
-def _program_view(p: ProgramState, clock: ToolClock | None = None) -> ProgramView:
+def _program_view(p: ProgramState, clock: ToolClock | None = None,
+                  kv_resident: bool | None = None) -> ProgramView:
     acting_since, ended_at = _acting(p, clock)
     measured = clock.mean_s if clock else None
     return ProgramView(
@@ -196,7 +236,8 @@ def _program_view(p: ProgramState, clock: ToolClock | None = None) -> ProgramVie
         ready_since=p.ready_since, pending_request=p.ready_request is not None,
         pinned=p.pinned, pause_marked=p.pause_marked,
         tool_time_mean_s=p.tool_time_mean_s if measured is None else measured,
-        migrate_to=p.migrate_to, tool_running=bool(clock and clock.running),
+        kv_resident=kv_resident, migrate_to=p.migrate_to,
+        tool_running=bool(clock and clock.running),
         tool_last_s=clock.last_s if clock else None, tool_ended_at=ended_at,
     )
 

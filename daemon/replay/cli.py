@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from daemon.replay.harness import Replay, ReplayConfig
+from daemon.replay.residency import RESIDENCY_MODES
 from daemon.replay.slo import ORDERINGS, SloStack, slo_stack
 from daemon.replay.synthetic import synthetic_programs
 from daemon.replay.traces import FORMATS, TraceError, load_azure, load_trace, scale_arrivals
@@ -48,6 +49,10 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost-model", default="llama3-8b-h100", help="shipped name or JSON file")
     p.add_argument("--concurrency", type=int, help="cap on live programs (closed loop)")
     p.add_argument("--time-scale", type=float, default=1.0, help="multiplies step time")
+    p.add_argument("--kv-residency", choices=RESIDENCY_MODES, default="engine",
+                   help="what the KV policy knows of a paused program's cache: the sim's "
+                        "truth, the daemon's estimate from reported token counts, nothing "
+                        "(unknown) or that it is evicted (cold)")
     p.add_argument("--duration-s", type=float, help="stop at this virtual time")
     p.add_argument("--load", type=float, default=1.0, help="multiplies the arrival rate")
     p.add_argument("--seed", type=int, default=0)
@@ -117,7 +122,7 @@ def run_replay(args: argparse.Namespace) -> int:
     config = ReplayConfig(
         workers=args.workers, kv_tokens=args.kv_tokens, cost_model=args.cost_model,
         concurrency=args.concurrency, duration_s=args.duration_s, time_scale=args.time_scale,
-        progress_every_s=0.0 if args.quiet else 5.0,
+        residency=args.kv_residency, progress_every_s=0.0 if args.quiet else 5.0,
     )
     stacks = slo_stacks(args.ordering)
     if args.slo_template and not args.ordering:

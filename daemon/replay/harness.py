@@ -31,6 +31,7 @@ from typing import Any
 from daemon.engines.sim import CostModel, SchedulerConfig, TimedStep, load_cost_model
 from daemon.replay.metrics import RequestRecord, RunTotals, Samples, result_row
 from daemon.replay.programs import ProgramRun
+from daemon.replay.residency import ResidencyProbe
 from daemon.replay.slo import SloLayer, SloStack
 from daemon.replay.worker import SimWorker
 from daemon.replay.workload import ProgramSpec
@@ -67,6 +68,10 @@ class ReplayConfig:
     kv: KvConfig = field(default_factory=KvConfig)
     slo_tick_s: float = 1.0
     progress_every_s: float = 0.0  # wall seconds between stderr lines; 0 = quiet
+    # What the policy is told of a paused program's cache: the sim's truth ("engine"), the
+    # daemon's estimate from reported token counts ("estimate"), None ("unknown") or False
+    # ("cold"); see replay/residency.py.
+    residency: str = "engine"
 
     def scheduler_config(self) -> SchedulerConfig:
         # The model length stays a real model's, so unlimited KV does not unbound requests.
@@ -112,6 +117,7 @@ class Replay:
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
         self._end_hook = type(policy).on_request_end is not KvPolicy.on_request_end
+        self.residency = ResidencyProbe(config.residency)
 
     # --- main loop --------------------------------------------------------------------
 
@@ -124,9 +130,10 @@ class Replay:
         progress = Progress(self.label, self.config.progress_every_s)
         while self._advance():
             progress.maybe(self.now, len(self.latencies), len(self.programs))
-        return result_row(self._totals(), self.policy.name,
-                          self.slo.stack.name if self.slo else "none",
-                          time.perf_counter() - wall)
+        row = result_row(self._totals(), self.policy.name,
+                         self.slo.stack.name if self.slo else "none",
+                         time.perf_counter() - wall)
+        return {**row, **self.residency.row()}
 
     def _advance(self) -> bool:
         t_ev = self._heap[0][0] if self._heap else float("inf")
@@ -143,7 +150,16 @@ class Replay:
         else:
             step = self.workers[worker].start_step(self.now)
             self._push(step.end, _DONE, (worker, step))
+            self._report_hits(worker, step)
         return True
+
+    def _report_hits(self, worker: str, step: TimedStep) -> None:
+        # Usage grew by the hits when the step was scheduled; a daemon learns of them
+        # from the first token delta, a step later at most.
+        for out in step.result.outputs:
+            if out.num_cached_tokens > 0:
+                prog = self.by_request[out.request_id]
+                self.residency.request_hit(prog.pid, worker, out.num_cached_tokens)
 
     def _finished(self) -> bool:
         return not self.backlog and self.live == 0
@@ -268,6 +284,7 @@ class Replay:
         assert req is not None
         prog.request, prog.context, prog.hashes = None, req.all_token_ids, req.block_hashes
         self.seen_blocks.update(req.block_hashes)
+        self._residency_end(prog, req.prompt_token_ids, cached, output)
         if self.slo:
             self.slo.on_finished(record, self.now)
         prog.index += 1
@@ -279,7 +296,17 @@ class Replay:
         if prog.pause_marked or self._end_hook:
             self._apply(self.policy.on_request_end(self.view(), prog.pid, self.now))
 
+    def _residency_end(self, prog: ProgramRun, prompt: list[int], cached: int,
+                       output: int) -> None:
+        assert prog.worker is not None
+        worker = self.workers[prog.worker]
+        # The sim has freed the request's blocks by now, as the estimator wants.
+        self.residency.request_ended(prog.pid, prog.worker, len(prompt), max(0, cached), output,
+                                     worker.used_tokens, worker.capacity_tokens,
+                                     self.config.block_size)
+
     def _stop(self, prog: ProgramRun) -> None:
+        self.residency.stopped(prog.pid)
         prog.status, prog.finished_at, prog.worker = ProgramStatus.STOPPED, self.now, None
         del self._live[bisect.bisect_left(self._live, self._position[prog.pid])]
         prog.context, prog.hashes = [], []
@@ -297,11 +324,13 @@ class Replay:
         programs = tuple(runs[i].view(self._kv_resident(runs[i])) for i in self._live)
         return KvView(workers, programs, self.config.kv)
 
-    def _kv_resident(self, prog: ProgramRun) -> bool:
-        if prog.status is not ProgramStatus.PAUSED or prog.worker is None or not prog.hashes:
+    def _kv_resident(self, prog: ProgramRun) -> bool | None:
+        if prog.status is not ProgramStatus.PAUSED or prog.worker is None:
             return False
         # The LRU evicts a freed request's tail first, so its last block is the first to go.
-        return self.workers[prog.worker].is_cached(prog.hashes[-1])
+        worker = self.workers[prog.worker]
+        truth = bool(prog.hashes) and worker.is_cached(prog.hashes[-1])
+        return self.residency.seen(prog.pid, prog.worker, worker.used_tokens, truth)
 
     def _kv_tick(self) -> None:
         self._apply(self.policy.decide(self.view(), self.now))

@@ -41,8 +41,8 @@ class ProgramRun:
     pause_marked: bool = False
     migrate_to: str | None = None
     tool_times: list[float] = field(default_factory=list)
-    _view: tuple[tuple[int, int, int, bool], ProgramView] | None = field(default=None,
-                                                                          repr=False)
+    _view: tuple[tuple[int, int, int, bool | None], ProgramView] | None = field(
+        default=None, repr=False)
 
     @property
     def pid(self) -> str:
@@ -79,7 +79,7 @@ class ProgramRun:
         if name != "_view":
             object.__setattr__(self, "_edits", self.__dict__.get("_edits", 0) + 1)
 
-    def view(self, kv_resident: bool) -> ProgramView:
+    def view(self, kv_resident: bool | None) -> ProgramView:
         # Every routing call views every live program, and most have not changed since the
         # last one: reuse the frozen view until a field is assigned, the tool history grows,
         # the running request gains a token or residency flips.
@@ -90,7 +90,7 @@ class ProgramRun:
             self._view = (key, self._build_view(kv_resident))
         return self._view[1]
 
-    def _build_view(self, kv_resident: bool) -> ProgramView:
+    def _build_view(self, kv_resident: bool | None) -> ProgramView:
         return ProgramView(
             program_id=self.pid,
             status=self.status,

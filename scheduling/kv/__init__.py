@@ -12,6 +12,7 @@ from scheduling.kv.ledger import decay
 from scheduling.kv.migration import MigrationPlan, plan_migration
 from scheduling.kv.policy import KvPolicy
 from scheduling.kv.registry import KV_POLICIES, make_kv_policy
+from scheduling.kv.residency import ResidencyEstimator
 from scheduling.kv.thunder import ThunderAgentPolicy
 from scheduling.kv.view import KvConfig, KvView, ProgramStatus, ProgramView, WorkerView
 
@@ -30,6 +31,7 @@ __all__ = [
     "Pause",
     "ProgramStatus",
     "ProgramView",
+    "ResidencyEstimator",
     "Restore",
     "StickyPolicy",
     "ThunderAgentPolicy",

@@ -62,8 +62,8 @@ class AgentdOptions:
         (its room is likely to free soonest). ThunderAgent pauses shortest first
         to minimise recompute.
     cached_first: among paused programs with a ready request, restore those whose
-        blocks are still cached first; waiting costs them their cache, while the
-        others have nothing left to lose.
+        blocks are still cached (`kv_resident` is True) first; waiting costs them
+        their cache, while the others have nothing left to lose.
     spread_admission: a new program goes to the fitting worker with the most room
         left (spreading load, so no worker idles at low load); restores keep best fit.
     migration_cost: a restore goes to the fitting worker where the fewest tokens
@@ -87,18 +87,18 @@ class AgentdOptions:
         Off by default: it keeps newcomers (short contexts, many per GB of KV) out
         behind long-context programs at high load.
     cold_with_new: a paused program whose blocks are no longer cached (the view's
-        `kv_resident` is false) has nothing left to lose by waiting, just like a
-        program that never started: it queues with the new programs, shortest
-        context first, behind paused programs whose blocks are still cached (their
-        wait costs them their cache). ThunderAgent restores every paused program
-        with a ready request before any new one, so under load a 30k-token
-        recompute (about 1.5 s of GPU at 8B) goes before a 17k-token first prompt,
-        and the room it takes evicts the cache of a program that would have hit.
-        Waiting stays bounded by `fair_resume`.
+        `kv_resident` is False; None, unknown, is not demoted) has nothing left to
+        lose by waiting, just like a program that never started: it queues with the
+        new programs, shortest context first, behind paused programs whose blocks are
+        still cached (their wait costs them their cache). ThunderAgent restores every
+        paused program with a ready request before any new one, so under load a
+        30k-token recompute (about 1.5 s of GPU at 8B) goes before a 17k-token first
+        prompt, and the room it takes evicts the cache of a program that would have
+        hit. Waiting stays bounded by `fair_resume`.
     home_cached: a paused program whose blocks are still cached on its last worker
-        is restored there, releasing room there if needed, rather than on another
-        worker where it would recompute everything; only when nothing can be
-        released there may release on demand seat it elsewhere. `migration_cost`
+        (`kv_resident` is True) is restored there, releasing room there if needed,
+        rather than on another worker where it would recompute everything; only
+        when nothing can be released there may release on demand seat it elsewhere. `migration_cost`
         alone sends it to any worker with room when its own is full.
     new_wait: a program that never started never takes the room of a started one
         (release on demand only serves paused programs): it has no cache to lose.
@@ -186,9 +186,9 @@ class AgentdPolicy(ThunderAgentPolicy):
         """`restore_order`, with still-cached programs first within a rank; with
         `cold_with_new` a cold paused program ranks with the new ones."""
         rank, tokens, pid = restore_order(program)
-        if self.options.cold_with_new and rank == 0 and not program.kv_resident:
+        if self.options.cold_with_new and rank == 0 and program.kv_resident is False:
             rank = 1
-        return (rank, self.options.cached_first and not program.kv_resident, tokens, pid)
+        return (rank, self.options.cached_first and program.kv_resident is not True, tokens, pid)
 
     def fits(self, plan: Plan, worker_id: str, program: ProgramView) -> bool:
         low = plan.view.config.low_watermark
@@ -213,7 +213,7 @@ class AgentdPolicy(ThunderAgentPolicy):
         if program.status is ProgramStatus.QUEUED and self.options.spread_admission:
             return roomiest_fit(plan, fitting, program)
         home = plan.view.home_worker(program)
-        if self.options.home_cached and program.kv_resident and home is not None:
+        if self.options.home_cached and program.kv_resident is True and home is not None:
             return home if home in fitting else None
         if not self.options.migration_cost:
             return super().choose_worker(plan, program)
@@ -316,7 +316,7 @@ def recompute_tokens(plan: Plan, worker_id: str, program: ProgramView) -> int:
     """Tokens `program` must prefill again if it next runs on `worker_id`."""
     if program.status is ProgramStatus.QUEUED:
         return 0
-    if program.worker_id == worker_id and program.kv_resident:
+    if program.worker_id == worker_id and program.kv_resident is True:
         return 0
     return program.context_tokens - plan.ledger.cached_prefix(worker_id, program)
 

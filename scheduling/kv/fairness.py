@@ -89,7 +89,7 @@ def reserve_target(plan: Plan, program: ProgramView) -> str | None:
         evictable = sum(plan.ledger.booked(v.program_id) for v in plan.victims(worker_id))
         if room + evictable < plan.ledger.cost(worker_id, program):
             continue
-        home = program.kv_resident and program.worker_id == worker_id
+        home = program.kv_resident is True and program.worker_id == worker_id
         key = (home, plan.ledger.room_now(worker_id, high), worker_id)
         if best is None or key > best:
             best = key

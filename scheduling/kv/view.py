@@ -47,6 +47,13 @@ class ProgramView:
     this acting period ended (its next request is due); `tool_last_s` the last tool's
     measured duration. `tool_time_mean_s` is the mean of measured tool durations when
     there are any, else of the gaps between the program's requests.
+
+    `kv_resident` says whether a PAUSED program's blocks are still cached on
+    `worker_id`: True or False when the builder knows or estimates it (the replay
+    harness reads the sim engine; the daemon estimates it, scheduling/kv/residency.py),
+    None when it does not. Policies act on it only when it is known: a preference
+    (go home, restore first, no recompute) needs True, a demotion (rank with new
+    programs) needs False, so an unknown residency gets the issue's plain order.
     """
 
     program_id: str
@@ -62,7 +69,7 @@ class ProgramView:
     tool_time_mean_s: float | None = None  # mean of this program's past tool calls
     prefix_group: str | None = None  # programs sharing a prompt prefix
     prefix_tokens: int = 0  # length of that shared prefix
-    kv_resident: bool = False  # a PAUSED program's blocks still cached on worker_id
+    kv_resident: bool | None = None  # a PAUSED program's blocks cached on worker_id
     migrate_to: str | None = None  # restore_on of its MarkPauseAfterRequest, if any
     tool_running: bool = False
     tool_last_s: float | None = None

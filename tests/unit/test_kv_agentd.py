@@ -162,12 +162,34 @@ def test_a_ready_request_moves_to_a_much_less_used_worker_that_has_room() -> Non
 def test_a_cold_paused_program_queues_with_new_programs_shortest_first() -> None:
     # Room for one more: the cached paused program first, then the shortest of the
     # cold paused one and the new one; ThunderAgent's order puts every paused one first.
-    base = (prog("r", R, 700), prog("q", Q, 150), late("cold", 200, 1))
+    base = (prog("r", R, 700), prog("q", Q, 150), late("cold", 200, 1, kv_resident=False))
     v = view(*base)
     assert agentd().decide(v, NOW) == [Admit("q", "w0")]
     assert agentd(cold_with_new=False).decide(v, NOW) == [Restore("cold", "w0", "restore")]
     cached = view(*base, late("warm", 300, 1, kv_resident=True))
     assert agentd().decide(cached, NOW) == [Restore("warm", "w0", "restore")]
+
+
+def test_an_unknown_residency_keeps_the_issues_restore_order() -> None:
+    # The daemon may not know whether a paused program is still cached (None): it is not
+    # demoted to rank with new programs, so it is restored before the shorter new one.
+    v = view(prog("r", R, 700), prog("q", Q, 150), late("p", 200, 1))
+    assert v.program("p").kv_resident is None
+    assert agentd().decide(v, NOW) == [Restore("p", "w0", "restore")]
+    assert agentd().restore_key(v.program("p")) < agentd().restore_key(v.program("q"))
+
+
+def test_an_unknown_residency_is_restored_after_a_known_cached_one_shortest_first() -> None:
+    v = view(prog("r", R, 500), late("u", 200, 1), late("warm", 300, 1, kv_resident=True),
+             late("u2", 100, 1))
+    order = sorted(v.programs[1:], key=agentd().restore_key)
+    assert [p.program_id for p in order] == ["warm", "u2", "u"]
+
+
+def test_an_unknown_residency_gets_no_home_preference() -> None:
+    # Unknown on a full w0: restored on w1 with room (as a cold one), never held for w0.
+    v = view(prog("x", R, 900, worker="w0"), late("p", 200, 1, worker="w0"), used=(0, 0))
+    assert agentd().decide(v, NOW) == [Restore("p", "w1", "restore")]
 
 
 def test_a_cached_paused_program_waits_for_its_own_worker() -> None:

@@ -11,6 +11,7 @@ from daemon.state import ProgramState, ProgramStatus
 from daemon.tool_clock import ToolClocks
 from scheduling.kv import KvView, ProgramView, WorkerView
 from scheduling.kv.agentd import AgentdOptions, AgentdPolicy
+from scheduling.kv.residency import ResidencyEstimator
 
 S = ProgramStatus
 FIELDS = {
@@ -145,3 +146,18 @@ def test_measured_tool_time_is_what_the_agentd_policy_holds_a_program_for() -> N
     assert policy.held(view.programs[0], view, 100.0)
     gaps_only = KvView(view.workers, (_program_view(p),))
     assert not policy.held(gaps_only.programs[0], gaps_only, 100.0)
+
+
+def test_a_paused_programs_view_carries_the_residency_estimate() -> None:
+    residency = ResidencyEstimator()
+    views = ProgramViews(residency=residency)
+    paused = ProgramState("p", "s", S.PAUSED, 0.0, 0.0, worker_id="w0", context_tokens=100)
+    acting = ProgramState("a", "s", S.ACTING, 0.0, 0.0, worker_id="w0", context_tokens=100)
+    assert [v.kv_resident for v in views.build([paused, acting], {"w0": 0})] == [None, None]
+    # p's request freed 100 tokens on a 1000-token worker with 400 used: 500 free ahead.
+    residency.request_ended("p", "w0", 100, 0, 0, 400, 1000)
+    assert views.build([paused], {"w0": 900})[0].kv_resident is True
+    assert views.build([paused], {"w0": 901})[0].kv_resident is False  # cached view rebuilt
+    assert views.build([paused])[0].kv_resident is None  # no usage known
+    views.forget_gone({})
+    assert views.build([paused], {"w0": 0})[0].kv_resident is None

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
+
+from daemon.replay.cli import replay_main
 from daemon.replay.harness import Replay, ReplayConfig
 from daemon.replay.slo import slo_stack
 from daemon.replay.synthetic import AgentShape, synthetic_programs
@@ -74,3 +80,53 @@ def test_slo_stack_runs_and_reports() -> None:
     assert row["ordering"] == "full" and row["completed_steps"] == replay.records.__len__()
     assert 0.0 <= float(row["slo_attainment"]) <= 1.0  # type: ignore[arg-type]
     assert row["esg"] > 0  # type: ignore[operator]
+
+
+def test_the_residency_estimate_is_scored_against_the_sims_cache() -> None:
+    # Tight KV pauses programs; every view of a paused one scores the estimate.
+    replay, row = _run("agentd", kv=6_000, residency="estimate")
+    est = row["residency_estimate"]
+    assert row["residency"] == "estimate" and est["paused_views"] > 0
+    assert (est["agree"] + est["false_resident"] + est["false_cold"] + est["unknown"]
+            == est["paused_views"])
+    assert est["agree_share"] == round(est["agree"] / est["paused_views"], 4)
+    assert all(p.status is ProgramStatus.STOPPED for p in replay.programs.values())
+
+
+def test_the_policy_sees_the_truth_the_estimate_or_nothing() -> None:
+    seen: dict[str, set[object]] = {}
+    for mode in ("engine", "estimate", "unknown", "cold"):
+        cfg = ReplayConfig(kv_tokens=6_000, concurrency=8, max_num_seqs=32, residency=mode)
+        replay = Replay(_specs(), cfg, make_kv_policy("agentd"))
+        view = replay.view
+
+        def spy(view=view, mode=mode):  # type: ignore[no-untyped-def]
+            v = view()
+            seen.setdefault(mode, set()).update(
+                p.kv_resident for p in v.programs if p.status is ProgramStatus.PAUSED)
+            return v
+
+        replay.view = spy  # type: ignore[method-assign]
+        replay.run()
+    assert seen["engine"] <= {True, False} and seen["unknown"] == {None}
+    assert seen["cold"] == {False}
+    assert seen["estimate"] & {True, False}
+
+
+def test_an_unknown_residency_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="residency must be one of"):
+        Replay(_specs(), ReplayConfig(residency="guess"), make_kv_policy("agentd"))
+
+
+def test_cli_runs_on_the_estimate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.json"
+    assert replay_main(["--synthetic-agents", "6", "--concurrency", "4", "--kv-tokens",
+                        "60000", "--duration-s", "30", "--kv-residency", "estimate", "--quiet",
+                        "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["params"]["kv_residency"] == "estimate"
+    assert data["results"][0]["residency"] == "estimate"
+    with pytest.raises(SystemExit) as exit_info:
+        replay_main(["--synthetic-agents", "2", "--kv-residency", "guess"])
+    assert exit_info.value.code == 2
+    assert "--kv-residency" in capsys.readouterr().err
