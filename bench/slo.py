@@ -2,7 +2,7 @@
 rising load, plus three slices isolating one timescale each, on one simulated Llama-3-8B /
 H100 worker (``llama3-8b-h100`` cost model, 444k KV tokens). Side by side on every
 scenario: each fixed pool policy (FCFS first), meta-rules, meta-bandit, the full stack
-and its four ablations.
+and its ablations (slo_stacks.py).
 
     python -m bench.slo [--quick] [--jobs N]  ->  bench/results/slo.json, slo.png
     python -m bench.slo --scenarios conv-x30,slice-shift --stacks fcfs,full
@@ -56,10 +56,11 @@ from daemon.replay.traces import load_azure, with_arrival
 from daemon.replay.workload import ProgramSpec
 from scheduling.kv import make_kv_policy
 
-FIXED = ("fcfs", "sjf", "srtf", "edf", "llf", "two_lane", "two_lane_esg", "esg", "wfq",
-         "stride", "priority", "mlfq")
+FIXED = ("fcfs", "sjf", "srtf", "edf", "llf", "two_lane", "two_lane_esg", "esg", "esg_fast",
+         "wfq", "stride", "priority", "mlfq")
 STACKS = (*FIXED, "meta-rules", "meta-bandit", "full", "full-no-two-lane",
-          "full-frozen-statera", "full-no-meta", "full-rule-prediction", "full-fifo-late")
+          "full-frozen-statera", "full-no-meta", "full-rule-prediction", "full-fifo-late",
+          "full-lanes-first")
 # trace -> (first trace second, number of rows, load factors)
 SWEEP: dict[str, tuple[float, int, tuple[float, ...]]] = {
     "code": (840.0, 4000, (2.0, 4.0, 8.0, 16.0)),

@@ -103,8 +103,10 @@ def test_every_stack_starts_on_a_policy_of_its_own_pool() -> None:
         stack = slo_stack(name)
         assert stack.initial in stack.pool, name
     assert not {"two_lane", "two_lane_esg"} & set(slo_stack("full-no-two-lane").pool)
-    # full's two-lane is the ESG-ordered late queue; full-fifo-late is its ablation.
-    assert slo_stack("full").initial == slo_stack("full").lanes == "two_lane_esg"
+    # full's two-lane is the ESG-ordered late queue; full-fifo-late is its ablation. It
+    # starts in esg_fast; full-lanes-first (starting in its two-lane) is that ablation.
+    assert slo_stack("full").lanes == slo_stack("full-lanes-first").initial == "two_lane_esg"
+    assert slo_stack("full").initial == "esg_fast"
     fifo = slo_stack("full-fifo-late")
     assert fifo.initial == fifo.lanes == "two_lane" and fifo.fence and fifo.adaptive
     assert slo_stack("full-no-meta").selector is None and slo_stack("full-no-meta").fence
