@@ -252,6 +252,9 @@ class TokenAuth:
         if record is None:
             self._cache.pop(token_hash, None)
         else:
+            # Expired entries go here, or every run's token would stay cached for ever.
+            for old in [h for h, (at, _) in self._cache.items() if now - at >= self._ttl]:
+                del self._cache[old]
             self._cache[token_hash] = (now, record)
         return record
 

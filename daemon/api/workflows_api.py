@@ -28,10 +28,10 @@ from daemon.api.policies_api import service as policy_service
 from daemon.api.tenants import request_tenant
 from daemon.auth import OPERATOR, READ, SUBMIT, principal_of
 from daemon.policies.registry import PolicyService
-from daemon.runtime import bundle_tools
+from daemon.runtime import bundle_tools, run_records
 from daemon.runtime.bundles import BundleError
 from daemon.runtime.control import ControlLoop, ControlReport
-from daemon.runtime.runs import Run, RunController
+from daemon.runtime.runs import MAX_EVENTS, Run, RunController
 from daemon.tool_service import ToolService
 from tools import ToolError, ToolSpec
 
@@ -127,6 +127,19 @@ def _run(runs: RunController, run_id: str) -> Run:
     return run
 
 
+async def _recorded(runs: RunController, run_id: str) -> dict[str, Any]:
+    """An ended run that has left memory, from its record."""
+    view = await run_records.recorded(runs.records, run_id)
+    if view is None:
+        raise ApiError(404, f"unknown run '{run_id}'", "not_found")
+    return view
+
+
+async def _replay(events: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    for event in events:
+        yield event
+
+
 def _own_run(request: Request[Any, Any, Any], runs: RunController, run_id: str) -> Run:
     run = _run(runs, run_id)
     principal = principal_of(request)
@@ -206,18 +219,27 @@ class WorkflowsController(Controller):
 
     @get("/runs", opt={"scope": READ}, summary="Runs, newest first")
     async def list_runs(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
-        runs = sorted(runs_of(request).runs.values(), key=lambda r: r.created_at, reverse=True)
-        return {"data": [r.view() for r in runs]}
+        controller = runs_of(request)
+        views = [r.view() for r in controller.runs.values()]
+        views += await run_records.newest(controller.records, set(controller.runs))
+        views.sort(key=lambda v: v["timings"]["created_at"], reverse=True)
+        return {"data": views}
 
     @get("/runs/{run_id:str}", opt={"scope": READ}, summary="One run: status, result or error")
     async def get_run(self, request: Request[Any, Any, Any], run_id: str) -> dict[str, Any]:
-        return _run(runs_of(request), run_id).view()
+        runs = runs_of(request)
+        run = runs.runs.get(run_id)
+        if run is not None:
+            return run.view()
+        return await _recorded(runs, run_id)
 
     @delete("/runs/{run_id:str}", status_code=200, opt={"scope": SUBMIT},
             summary="Cancel a run: kill its sandbox and release its program")
     async def cancel(self, request: Request[Any, Any, Any], run_id: str) -> dict[str, Any]:
         runs = runs_of(request)
         _refuse_run_token(request, runs, "cancel other runs", own_run=run_id)
+        if run_id not in runs.runs:
+            return await _recorded(runs, run_id)  # ended long ago: nothing to cancel
         run = _run(runs, run_id)
         await runs.cancel(run)
         return run.view()
@@ -226,10 +248,17 @@ class WorkflowsController(Controller):
          summary="The run's trace events as server-sent events, until it ends")
     async def events(self, request: Request[Any, Any, Any], run_id: str) -> Stream:
         runs = runs_of(request)
-        run = _run(runs, run_id)
+        run = runs.runs.get(run_id)
+        events: AsyncIterator[dict[str, Any]]
+        if run is not None:
+            events = runs.follow(run)
+        else:  # ended and let go: replayed from the trace
+            view = await _recorded(runs, run_id)
+            events = _replay(await run_records.stored_events(runs.core.sessions, view,
+                                                             MAX_EVENTS))
 
         async def lines() -> AsyncIterator[bytes]:
-            async for event in runs.follow(run):
+            async for event in events:
                 yield f"data: {json.dumps(event, default=repr)}\n\n".encode()
             yield b"data: [DONE]\n\n"
 

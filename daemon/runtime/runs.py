@@ -11,8 +11,12 @@ values below: no data dir, no database URL, no token file path.
 When the run ends (result, failure, limit, cancel) the controller revokes its token,
 releases its program and every per-agent program the sandbox's LLM calls created
 (`<program>.<agent>.<i>`), removes the working directory, and records a trace event.
-Runs live in memory; a finished run's record is also written to
-`<data dir>/runs/<id>.json`. After a daemon restart earlier runs are readable only there.
+Runs live in memory while they run, and an ended run for `ENDED_RUN_KEEP_S` (at most
+`MAX_ENDED_RUNS` of them), long enough for its pollers, followers and control hooks: a
+daemon that kept every run held ~20 KiB per run (its events, its sandbox's process
+objects) for ever, most of the soak's memory growth. A finished run's record is also
+written to `<data dir>/runs/<id>.json`; once the run has left memory (or after a daemon
+restart) the API answers from there and from the trace (daemon/runtime/run_records.py).
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ LOG_TAIL = 8000
 # How long a run waits for its jail to reap leftovers (a stuck reap must not hang it).
 REAP_WAIT_S = 10.0
 ENDED = ("finished", "failed", "cancelled")
+ENDED_RUN_KEEP_S = 300.0
+MAX_ENDED_RUNS = 256
 # what a sandbox may report: its futures, and its local controllers' placements,
 # migrations and installed decisions (agentd/control.py)
 SANDBOX_EVENTS = frozenset({
@@ -303,6 +309,19 @@ class RunController:
                 listener(run)
             except Exception:
                 log.exception("a run-end listener failed for run %s", run.id)
+        self.retire(time.time())
+
+    def retire(self, now: float) -> None:
+        """Let ended runs go: their sandboxes' process objects at once, and the runs
+        themselves past ENDED_RUN_KEEP_S or beyond MAX_ENDED_RUNS, oldest first. Checked
+        at each run's end: once no run ends any more, at most the cap stay."""
+        ended = sorted((r for r in self.runs.values() if r.ended),
+                       key=lambda r: r.finished_at or r.created_at)
+        excess = len(ended) - MAX_ENDED_RUNS
+        for i, run in enumerate(ended):
+            run.proc = None  # waited for already; holds its pipes' transports
+            if i < excess or now - (run.finished_at or now) > ENDED_RUN_KEEP_S:
+                del self.runs[run.id]
 
     async def _cleanup(self, run: Run) -> None:
         if run.token_id is not None:
