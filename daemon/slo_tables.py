@@ -20,7 +20,7 @@ class LlmSettings:
     model: str = ""  # empty: the model of the first healthy worker, by name
     # 0: 80% of meta_interval_s, so an answer (or its failure) is in before the next decision.
     timeout_s: float = 0.0
-    max_tokens: int = 128  # room for the schema's longest reply (a 200-character reason)
+    max_tokens: int = 128  # the schema's longest reply, at one token per character
 
 
 DEFAULT_LLM = LlmSettings()

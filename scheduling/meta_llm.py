@@ -23,7 +23,10 @@ from scheduling.meta import (
 from scheduling.ordering import default_registry
 from scheduling.views import LongView
 
-REASON_MAX_CHARS = 200  # well inside parse_llm_decision's 500, so a capped reply still parses
+# Short enough that the longest reply fits the call's max_tokens even at one token per
+# character: SmolLM2 held to the schema has been seen looping inside the reason ("_esg_esg...")
+# until max_tokens cut the JSON off.
+REASON_MAX_CHARS = 80
 
 
 class LlmMeta(MetaPolicy):

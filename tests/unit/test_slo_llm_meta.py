@@ -12,6 +12,7 @@ import pytest
 
 from daemon import config
 from daemon.slo_settings import parse_settings, startup_policy
+from daemon.slo_tables import DEFAULT_LLM
 from scheduling.layer_policies import META_POLICIES
 from scheduling.meta import Decision, RuleThresholds, parse_llm_decision
 from scheduling.meta_llm import REASON_MAX_CHARS, LlmMeta
@@ -77,8 +78,10 @@ def test_the_schema_allows_exactly_the_replies_that_parse() -> None:
     pool = default_registry().names()
     assert schema["properties"]["policy"]["enum"] == list(pool)
     assert schema["required"] == ["policy", "reason"] and not schema["additionalProperties"]
-    longest = json.dumps({"policy": pool[0], "reason": "x" * REASON_MAX_CHARS})
+    longest = json.dumps({"policy": max(pool, key=len), "reason": "x" * REASON_MAX_CHARS})
     assert isinstance(parse_llm_decision(longest, pool), Decision)
+    # a model looping inside the reason still closes the JSON before max_tokens cuts it
+    assert len(longest) <= DEFAULT_LLM.max_tokens
 
 
 def test_meta_llm_is_a_built_in_and_llm_its_short_name() -> None:
