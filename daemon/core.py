@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
-from daemon import protocol
+from daemon import lru, protocol
 from daemon.broker import Broker
 from daemon.config import Config
 from daemon.kv_control import KvControl
@@ -53,6 +53,9 @@ log = logging.getLogger("agentd.core")
 ENDED_PROGRAM_TTL_S = 10.0
 
 
+_LIVE_STATUSES = [s.value for s in ProgramStatus
+                  if s not in (ProgramStatus.STOPPED, ProgramStatus.FAILED)]
+
 class CoreError(Exception):
     """An error a client caused or must know about; status is the HTTP status to answer."""
 
@@ -75,7 +78,8 @@ class Core:
         self.workers: dict[str, WorkerState] = {}
         self.programs: dict[str, ProgramState] = {}
         self.requests: dict[str, RequestState] = {}
-        self._known_sessions: set[str] = set()
+        # sessions whose row this daemon stored or queued, the most recently used ones
+        self._known_sessions: lru.Lru[str, bool] = lru.Lru(lru.SESSIONS_REMEMBERED)
         self._tasks: list[asyncio.Task[None]] = []
         self._accepting = True
         self._pumping = False
@@ -159,7 +163,7 @@ class Core:
             row = await s.get(models.Program, program_id)
         if row is None:
             return None
-        self._known_sessions.add(row.session_id)
+        self._known_sessions.setdefault(row.session_id, True)
         return ProgramState(
             id=row.id, session_id=row.session_id, status=ProgramStatus(row.status),
             created_at=row.created_at, status_since=row.status_since, worker_id=row.worker_id,
@@ -171,9 +175,10 @@ class Core:
     ) -> ProgramState:
         now = time.time()
         sid = session_id or program_id
-        if sid not in self._known_sessions:
-            self._known_sessions.add(sid)
-            self.writer.insert("sessions", _session_row(sid, now))
+        if self._known_sessions.get(sid) is None:
+            self._known_sessions.setdefault(sid, True)
+            # the cache forgets: a session it no longer holds may have its row already
+            self.writer.insert("sessions", _session_row(sid, now), if_absent=True)
         program = ProgramState(
             id=program_id, session_id=sid, status=ProgramStatus.QUEUED,
             created_at=now, status_since=now, pinned=pinned,
@@ -189,15 +194,20 @@ class Core:
         return program
 
     async def live_program_ids(self) -> set[str]:
-        live = [s.value for s in ProgramStatus if s not in (ProgramStatus.STOPPED,
-                                                           ProgramStatus.FAILED)]
         async with self.sessions() as s:
-            rows = await s.scalars(select(models.Program.id).where(models.Program.status.in_(live)))
+            rows = await s.scalars(
+                select(models.Program.id).where(models.Program.status.in_(_LIVE_STATUSES)))
             return set(rows.all())
 
     async def load_known_sessions(self) -> None:
+        """The sessions of live programs, the ones named again soon after a restart; not
+        every session the store has (it grows with the daemon's history)."""
+        query = (select(models.Program.session_id).distinct()
+                 .where(models.Program.status.in_(_LIVE_STATUSES))
+                 .limit(self._known_sessions.cap))
         async with self.sessions() as s:
-            self._known_sessions.update((await s.scalars(select(models.Session.id))).all())
+            for sid in (await s.scalars(query)).all():
+                self._known_sessions.setdefault(sid, True)
 
     def set_program_status(self, program: ProgramState, status: ProgramStatus, reason: str) -> None:
         if program.status == status:

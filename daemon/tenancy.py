@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from daemon import lru
 from db import models
 
 if TYPE_CHECKING:
@@ -33,12 +34,14 @@ if TYPE_CHECKING:
 
 
 class SessionTenants:
-    """The tenant each named session records, cached after the first read."""
+    """The tenant each named session records, cached after the first read (the most
+    recently used `remember` sessions: a forgotten one is read from the store again)."""
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], writer: BatchWriter) -> None:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], writer: BatchWriter,
+                 remember: int | None = None) -> None:
         self._sessions = sessions
         self._writer = writer
-        self._known: dict[str, str] = {}
+        self._known: lru.Lru[str, str] = lru.Lru(remember or lru.SESSIONS_REMEMBERED)
 
     async def of(self, session_id: str) -> str | None:
         """The session's tenant; None for a session the store does not have (yet)."""
@@ -55,8 +58,8 @@ class SessionTenants:
         (a single-request program's) is written but not remembered."""
         if remember and self._known.setdefault(session_id, tenant) != tenant:
             return
-        # The core queued the row's insert just before; the batched writer folds this
-        # into it, or updates the row if the insert already went out.
+        # The core queued the row's insert just before; the batched writer runs this
+        # update after it (in its batch or a later one), so it lands either way.
         self._writer.update("sessions", session_id, tenant=tenant)
 
 

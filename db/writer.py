@@ -13,11 +13,13 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Table, bindparam, insert, update
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import Table, bindparam, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.models import Base
 
@@ -28,6 +30,7 @@ log = logging.getLogger("agentd.store")
 class _Insert:
     table: Table
     row: dict[str, Any]
+    if_absent: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +67,10 @@ class BatchWriter:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    def insert(self, table_name: str, row: dict[str, Any]) -> None:
-        self._push(_Insert(Base.metadata.tables[table_name], row))
+    def insert(self, table_name: str, row: dict[str, Any], if_absent: bool = False) -> None:
+        """`if_absent`: a row whose key the store already has is left as it is (the
+        caller's record of what it stored is a bounded cache, so it may insert twice)."""
+        self._push(_Insert(Base.metadata.tables[table_name], row, if_absent))
 
     def update(self, table_name: str, key: Any, **values: Any) -> None:
         self._push(_Update(Base.metadata.tables[table_name], key, values))
@@ -117,13 +122,16 @@ class BatchWriter:
                 self._flushed.notify_all()
 
     async def _commit(self, batch: list[_Op]) -> None:
-        inserts, updates = _coalesce(batch)
+        inserts, if_absent, updates = _coalesce(batch)
         try:
             async with self._engine.begin() as conn:
                 for table in Base.metadata.sorted_tables:  # parents before children
                     new_rows = inserts.get(table.name)
                     if new_rows:
                         await conn.execute(insert(table), list(new_rows.values()))
+                    maybe_new = if_absent.get(table.name)
+                    if maybe_new:
+                        await _insert_absent(conn, table, maybe_new)
                 for (table, columns), rows in updates.items():
                     pk = next(iter(table.primary_key.columns))
                     stmt = (update(table).where(pk == bindparam("_key"))
@@ -140,20 +148,48 @@ _Inserts = dict[str, dict[Any, dict[str, Any]]]
 _Updates = dict[tuple[Table, tuple[str, ...]], list[dict[str, Any]]]
 
 
-def _coalesce(batch: list[_Op]) -> tuple[_Inserts, _Updates]:
-    """Fold a batch into one insert per new row and one update per changed row.
+# dialects whose INSERT takes ON CONFLICT DO NOTHING
+_ON_CONFLICT: dict[str, Callable[[Table], Any]] = {
+    "sqlite": sqlite.insert, "postgresql": postgresql.insert}
+
+
+async def _insert_absent(conn: AsyncConnection, table: Table,
+                         rows: dict[Any, dict[str, Any]]) -> None:
+    """Insert the rows whose key the table does not have yet; leave the others."""
+    make = _ON_CONFLICT.get(conn.dialect.name)
+    if make is not None:
+        await conn.execute(make(table).on_conflict_do_nothing(), list(rows.values()))
+        return
+    # elsewhere: the batch's transaction reads which keys exist, then inserts the rest
+    pk = next(iter(table.primary_key.columns))
+    have = set((await conn.execute(select(pk).where(pk.in_(list(rows))))).scalars())
+    new_rows = [row for key, row in rows.items() if key not in have]
+    if new_rows:
+        await conn.execute(insert(table), new_rows)
+
+
+def _coalesce(batch: list[_Op]) -> tuple[_Inserts, _Inserts, _Updates]:
+    """Fold a batch into one insert per new row and one update per changed row;
+    returns the plain inserts, the inserts `if_absent`, and the updates.
 
     The batch commits as one transaction, so only its final state matters: an update
     of a row inserted in the same batch merges into the insert, and several updates
     of one row merge into one. Updates with the same columns run as one executemany.
+    An insert `if_absent` takes no update into it: the store may keep its own row and
+    skip the insert, and the update must still land, so it runs after the insert.
+    Of two such inserts of one key, the first stands, as it would in the store.
     """
     inserts: _Inserts = {}
+    if_absent: _Inserts = {}
     pending: dict[tuple[Table, Any], dict[str, Any]] = {}
     for n, op in enumerate(batch):
         if isinstance(op, _Insert):
             pk = next(iter(op.table.primary_key.columns)).key
             key = op.row.get(pk, n)  # autoincrement rows have no key yet: never updated here
-            inserts.setdefault(op.table.name, {})[key] = dict(op.row)
+            if op.if_absent:
+                if_absent.setdefault(op.table.name, {}).setdefault(key, dict(op.row))
+            else:
+                inserts.setdefault(op.table.name, {})[key] = dict(op.row)
             continue
         new_row = inserts.get(op.table.name, {}).get(op.key)
         if new_row is not None:
@@ -163,4 +199,4 @@ def _coalesce(batch: list[_Op]) -> tuple[_Inserts, _Updates]:
     updates: _Updates = {}
     for (table, key), values in pending.items():
         updates.setdefault((table, tuple(sorted(values))), []).append({**values, "_key": key})
-    return inserts, updates
+    return inserts, if_absent, updates

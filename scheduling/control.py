@@ -446,17 +446,30 @@ class GlobalController:
 
 
 class Validator:
-    """Checks decisions against the view and against each other within one step."""
+    """Checks decisions against the view and against each other within one step.
+
+    Each decision is judged as if the ones accepted before it had taken effect, and
+    only those: a policy's reassignment (kill one of A, provision one of B in the room
+    it frees) gets its provision refused too when the kill is refused. So a kill the
+    cluster would refuse for what the view shows is refused here: accepted here, then
+    refused there, it would have freed room for the rest of the step (an instance over
+    max_instances: the cluster checks only the capacity when it provisions).
+    """
 
     def __init__(self, view: ControlView) -> None:
         self.view = view
         self.alive_delta: dict[str, int] = {}
         self.killed: set[str] = set()
         self.reserved: dict[str, dict[str, float]] = {}  # pool -> as of this step's decisions
+        # session routes this step's decisions set or dropped, over the view's
+        self.routes: dict[tuple[str, str], str | None] = {}
 
     def check(self, d: ControlDecision) -> str | None:
         if isinstance(d, Route):
-            return self._route(d)
+            problem = self._route(d)
+            if problem is None:
+                self.routes[(d.session_id, d.agent_type)] = d.instance_id
+            return problem
         if isinstance(d, WeightedRoute):
             return self._weighted(d)
         if isinstance(d, SetPriority):
@@ -506,6 +519,13 @@ class Validator:
             return f"{src.agent_type} is stateful: its sessions are never migrated"
         return self._live(d.destination, src.agent_type)
 
+    def _holds_state_of(self, instance_id: str) -> str | None:
+        """A session whose route leads to the instance: its state is there. A session
+        migrated in this step still counts: the cluster may refuse the move (its state
+        still on its way from an earlier one), and then the kill."""
+        routed = {**self.view.rules.routes, **self.routes}
+        return min((s for (s, _), i in routed.items() if i == instance_id), default=None)
+
     def _alive_count(self, agent_type: str, starting: bool = False) -> int:
         now = self.view.provisioned(agent_type) if starting else \
             self.view.instances_of(agent_type)
@@ -520,9 +540,11 @@ class Validator:
             return f"{inst.agent_type} would go below min_instances ({max(1, floor)})"
         if d.instance_id in self.view.rules.pins.values():
             return f"{d.instance_id} holds a stateful session"
+        session = self._holds_state_of(d.instance_id)
+        if session is not None:  # as the cluster refuses it
+            return f"{d.instance_id} holds the state of session {session}: migrate it first"
         self.killed.add(d.instance_id)
-        self.alive_delta[inst.agent_type] = self.alive_delta.get(inst.agent_type, 0) - 1
-        self._reserve(inst.agent_type, -1.0)
+        self._count(inst.agent_type, -1)
         return None
 
     def _provision(self, d: Provision) -> str | None:
@@ -538,9 +560,13 @@ class Validator:
                                 self._reserved(pool), capacity)
             if problem is not None:
                 return problem
-        self.alive_delta[d.agent_type] = self.alive_delta.get(d.agent_type, 0) + 1
-        self._reserve(d.agent_type, 1.0)
+        self._count(d.agent_type, 1)
         return None
+
+    def _count(self, agent_type: str, delta: int) -> None:
+        """One instance more (1) or fewer (-1) as of this step, and its reservation."""
+        self.alive_delta[agent_type] = self.alive_delta.get(agent_type, 0) + delta
+        self._reserve(agent_type, float(delta))
 
     def _reserved(self, pool: str) -> dict[str, float]:
         held = self.reserved.get(pool)
