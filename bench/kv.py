@@ -56,7 +56,7 @@ ON_BY_DEFAULT = ("fair_resume", "release_on_demand", "longest_acting_first", "ca
                  "home_cached")
 # Flags off by default; each ablation row turns one of them on.
 OFF_BY_DEFAULT = ("overdue_first", "predicted_hold", "share_prefix", "smooth_admission",
-                  "new_wait")
+                  "new_wait", "lasting_balance")
 # Other values of numeric options, one row each (hold_s=5 was the default before
 # cold_with_new and home_cached).
 VALUES = (("hold_s", 5.0), ("thrash_slack", 0.06))

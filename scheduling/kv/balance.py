@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from scheduling.kv.ledger import Ledger
 from scheduling.kv.view import KvView, ProgramView
 
 
@@ -33,3 +34,14 @@ def rebalance(view: KvView, program: ProgramView, threshold: float,
     if gap <= threshold or not narrows or not fits(target):
         return home
     return target
+
+
+def lasting_gap(ledger: Ledger, home: str, target: str) -> float:
+    """How much more KV, as a share of `home`'s capacity, the programs admitted to `home`
+    hold than those admitted to `target` (the ledger counts acting programs too).
+
+    Usage counts only running requests, so with a few programs per worker it swings by
+    whole contexts as requests start and end; admitted demand moves only when programs
+    are placed, paused or grow. A gap in usage that admitted demand does not show
+    closes by itself once the requests end."""
+    return (ledger.demand(home) - ledger.demand(target)) / max(ledger.limit(home, 1.0), 1.0)

@@ -220,3 +220,18 @@ def test_thrash_slack_tolerates_a_small_overshoot_only() -> None:
     over = view(prog("r", R, 700), prog("a", A, 360, acting_since=NOW - 20))
     assert agentd(thrash_slack=0.05).decide(over, NOW) == [Pause("a", "w0", "thrashing")]
     assert ThunderAgentPolicy().thrash_watermark(v) == 1.0
+
+
+def test_lasting_balance_moves_a_request_only_when_admitted_demand_is_skewed_too() -> None:
+    back = prog("a", A, 200, worker="w0", pending_request=True, ready_since=NOW)
+    # Usage is skewed (600 vs 100) only because w0's requests happen to run now: w1
+    # holds as much admitted demand, its acting program "idle" included.
+    momentary = view(back, prog("idle", A, 400, worker="w1"), used=(600, 100))
+    assert agentd().route(momentary, "a", NOW) == "w1"
+    assert agentd(lasting_balance=True).route(momentary, "a", NOW) == "w0"
+    # w0 also holds "b" (500 admitted vs 0): a lasting skew, so the request moves.
+    lasting = view(back, prog("b", A, 300, worker="w0"), used=(600, 100))
+    assert agentd(lasting_balance=True).route(lasting, "a", NOW) == "w1"
+    # At the threshold (200 of 1000 admitted vs 0) it stays.
+    assert agentd(lasting_balance=True).route(view(back, used=(600, 100)), "a", NOW) == "w0"
+    assert agentd(lasting_balance=True, balance_route=0.0).route(lasting, "a", NOW) == "w0"
