@@ -11,7 +11,13 @@ instance's program), so that their LLM calls meet in the engine's batch. Each in
 reserves its agent's `resources` from the run's capacity (`Runtime.capacity`, from the
 sandbox's limits; see scheduling/control_resources.py): an agent whose one instance
 cannot fit at all is an error at its first call, and a provision that does not fit is
-refused. Decisions from the daemon's global controller
+refused. A call to an agent with no instance and no room for one while other agents'
+instances hold the run's capacity waits in the cluster's waiting room
+(scheduling/control_waiting.py; a `future.waiting` event) until a kill or a provision
+makes room, for at most `Runtime.resource_wait_s` once it is ready; then it fails with
+a ResourceError naming the agent, the resource, what it needs and what is free (a
+watcher thread, alive only while calls wait, ends the waits that run out).
+Decisions from the daemon's global controller
 (route, set_priority, migrate, kill, provision) are installed with `apply`; the
 cluster's placement / start / migration facts become runtime events.
 
@@ -43,6 +49,7 @@ if TYPE_CHECKING:
     from agentd.runtime import Runtime
 
 _local = threading.local()
+WAIT_POLL_S = 1.0  # the watcher's longest sleep while a waiting call is not ready yet
 
 
 def current_instance() -> str | None:
@@ -76,8 +83,10 @@ class ControlHost:
     def __init__(self, runtime: Runtime, session_id: str) -> None:
         self.runtime = runtime
         self.session_id = session_id
-        self.cluster = Cluster(grow_on_demand=True, capacity=runtime.capacity)
+        self.cluster = Cluster(grow_on_demand=True, capacity=runtime.capacity,
+                               resource_wait_s=runtime.resource_wait_s)
         self.lock = threading.RLock()
+        self._watcher: threading.Thread | None = None  # ends waits for resources
         self._slots: dict[str, set[int]] = {}  # instance -> the batch slots in use
         self._building: dict[str, threading.Lock] = {}  # instance -> guards its object
         self.kinds: dict[str, AgentKind] = {}
@@ -148,6 +157,31 @@ class ControlHost:
             # started only by `_pump` below, so it is recorded in time for `_run`
             self.calls[fut.id] = _Call(fut, agent_type, method, args, kwargs, deps)
             self._pump()
+            if self.cluster.waiting():
+                self._watch()
+
+    def _watch(self) -> None:
+        """Start the thread that ends waits for resources that run out (lock held)."""
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._expire_loop, daemon=True,
+                                             name="agentd-resource-wait")
+            self._watcher.start()
+
+    def _expire_loop(self) -> None:
+        while True:
+            with self.lock:
+                for fid, why in self.cluster.expire(time.time()):
+                    call = self.calls.pop(fid, None)
+                    if call is not None:
+                        self.runtime.fail(call.future, ResourceError(why),
+                                          f"{call.agent_type} (not placed)")
+                self._pump()  # consumers of a failed call can start now
+                if not self.cluster.waiting():
+                    self._watcher = None
+                    return
+                deadline = self.cluster.next_deadline()
+            pause = WAIT_POLL_S if deadline is None else deadline - time.time()
+            time.sleep(min(WAIT_POLL_S, max(0.01, pause)))
 
     def _pump(self) -> None:
         """Hand every call a free instance can start to the pool (lock held)."""

@@ -12,6 +12,7 @@ side effects go:
 | agent calls | local controllers (agentd/control.py) | the same, plus the daemon's global |
 | | | controller's decisions, fetched with this process's view every 0.25 s |
 | `resources` capacity | none (unbounded) unless given | the sandbox's limits (`process_capacity`) |
+| wait for room | `$AGENTD_RESOURCE_WAIT_S`, else 60 s | the daemon's `runtime_resource_wait_s` |
 
 The mode is chosen once per process from the environment: daemon mode when
 `AGENTD_RUN_ID` and `AGENTD_DAEMON_URL` are set (the sandbox sets them), else local.
@@ -41,6 +42,9 @@ DEFAULT_THREADS = 32
 LLM_TIMEOUT_S = 300.0
 CONTROL_PERIOD_S = 0.25
 MIB = 1024 * 1024
+# How long a ready agent call waits for room for an instance before it fails (the
+# daemon passes its `runtime_resource_wait_s` to sandboxes); 0: no wait, it fails.
+DEFAULT_RESOURCE_WAIT_S = 60.0
 
 
 class LLMUnavailable(RuntimeError):
@@ -77,14 +81,32 @@ def process_capacity(env: Mapping[str, str] = os.environ) -> dict[str, float]:
             "memory_mb": float(soft // MIB)}
 
 
+def resource_wait(env: Mapping[str, str] = os.environ) -> float:
+    """`AGENTD_RESOURCE_WAIT_S`, else the default; a value that is not a number >= 0
+    is an error naming the variable (the daemon validates what it passes)."""
+    raw = env.get("AGENTD_RESOURCE_WAIT_S")
+    if not raw:
+        return DEFAULT_RESOURCE_WAIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValueError(f"AGENTD_RESOURCE_WAIT_S must be a number >= 0, got {raw!r}")
+    return value
+
+
 class Runtime:
     mode = "base"
     session_id = "local"
 
     def __init__(self, max_threads: int | None = None,
-                 capacity: Mapping[str, float] | None = None) -> None:
-        """`capacity`: what agent instances may reserve in all (None: unbounded)."""
+                 capacity: Mapping[str, float] | None = None,
+                 resource_wait_s: float | None = None) -> None:
+        """`capacity`: what agent instances may reserve in all (None: unbounded);
+        `resource_wait_s`: how long a ready call waits for room (None: `resource_wait`)."""
         self.capacity = None if capacity is None else dict(capacity)
+        self.resource_wait_s = resource_wait() if resource_wait_s is None else resource_wait_s
         threads = max_threads or int(os.environ.get("AGENTD_MAX_THREADS", DEFAULT_THREADS))
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="agentd")
         self.futures: dict[str, Future] = {}
@@ -245,8 +267,9 @@ class LocalRuntime(Runtime):
     MAX_EVENTS = 100_000
 
     def __init__(self, max_threads: int | None = None,
-                 capacity: Mapping[str, float] | None = None) -> None:
-        super().__init__(max_threads, capacity)
+                 capacity: Mapping[str, float] | None = None,
+                 resource_wait_s: float | None = None) -> None:
+        super().__init__(max_threads, capacity, resource_wait_s)
         self.events: list[dict[str, Any]] = []
         self.state: dict[str, Any] = {}
         self._model: str | None = None
@@ -290,8 +313,9 @@ class DaemonRuntime(Runtime):
 
     def __init__(self, url: str, token: str, run_id: str, program_id: str, session_id: str,
                  max_threads: int | None = None,
-                 capacity: Mapping[str, float] | None = None) -> None:
-        super().__init__(max_threads, capacity)
+                 capacity: Mapping[str, float] | None = None,
+                 resource_wait_s: float | None = None) -> None:
+        super().__init__(max_threads, capacity, resource_wait_s)
         self.url = url.rstrip("/")
         self.run_id, self.program_id, self.session_id = run_id, program_id, session_id
         self.http = httpx.Client(base_url=self.url, timeout=60,
@@ -314,7 +338,7 @@ class DaemonRuntime(Runtime):
         # the sandbox applies its limits before it builds this runtime
         return cls(env["AGENTD_DAEMON_URL"], env.get("AGENTD_RUN_TOKEN", ""),
                    env["AGENTD_RUN_ID"], env["AGENTD_PROGRAM_ID"], env["AGENTD_SESSION_ID"],
-                   capacity=process_capacity(env))
+                   capacity=process_capacity(env), resource_wait_s=resource_wait(env))
 
     # events: a sender thread batches them so that futures never wait on HTTP
     def emit(self, event: str, **data: Any) -> None:
@@ -435,10 +459,12 @@ def set_runtime(runtime: Runtime | None) -> Runtime | None:
 
 @contextlib.contextmanager
 def local_runtime(max_threads: int | None = None,
-                  capacity: Mapping[str, float] | None = None) -> Iterator[LocalRuntime]:
+                  capacity: Mapping[str, float] | None = None,
+                  resource_wait_s: float | None = None) -> Iterator[LocalRuntime]:
     """A fresh LocalRuntime for the block (tests, notebooks); the previous one comes back.
-    `capacity` bounds the agents' `resources` reservations as a run's limits would."""
-    rt = LocalRuntime(max_threads, capacity)
+    `capacity` bounds the agents' `resources` reservations as a run's limits would, and
+    `resource_wait_s` how long a call waits for room under it."""
+    rt = LocalRuntime(max_threads, capacity, resource_wait_s)
     old = set_runtime(rt)
     try:
         yield rt

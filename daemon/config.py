@@ -69,6 +69,11 @@ class Config:
     max_queued_requests: int = 10_000  # 0 = no limit
     rate_limit_rps: float = 0.0  # per API token; 0 = off
     rate_limit_burst: int = 0  # 0 = max(1, rate_limit_rps)
+    # Workflow runs (daemon/runtime/runs.py): the GPUs each run's agents may reserve
+    # (-1 = the GPUs visible to the daemon), and how long a ready agent call waits for
+    # room for an instance before it fails (0 = it fails at once).
+    runtime_gpus: float = -1.0
+    runtime_resource_wait_s: float = 60.0
     # Tool specs by name, from the config file's [tools.NAME] tables.
     tools: dict[str, Any] = field(default_factory=dict)
 
@@ -181,6 +186,11 @@ def validate(cfg: Config) -> None:
     for key in ("request_stall_timeout_s", "request_progress_timeout_s"):
         if not getattr(cfg, key) >= 0:
             raise ConfigError(f"{key} must be >= 0 (0 turns the timeout off)")
+    if not (cfg.runtime_gpus >= 0 or cfg.runtime_gpus == -1):
+        raise ConfigError(f"runtime_gpus must be >= 0, or -1 for the GPUs visible to the "
+                          f"daemon, got {cfg.runtime_gpus!r}")
+    if not cfg.runtime_resource_wait_s >= 0:
+        raise ConfigError("runtime_resource_wait_s must be >= 0 (0: no wait)")
     for key in ("max_prompt_chars", "max_queued_requests", "rate_limit_rps", "rate_limit_burst"):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"{key} must be >= 0 (0 turns the limit off)")

@@ -12,7 +12,9 @@ With a `capacity` (the run's, control_resources.py) every instance reserves its 
 `resources` from it while provisioned: a provision, a `min_instances` start-up or an
 on-demand growth that does not fit is refused (growth then uses the instances there
 are), and a kill gives the reservation back. A batchable agent's instances run up to
-`max_batch` calls at once (their slots); others one.
+`max_batch` calls at once (their slots); others one. With a `resource_wait_s`, a call
+to a type with no live instance and no room for one waits in the waiting room
+(control_waiting.py) until room frees, or fails after that long; without, it is refused.
 
 Per call the work is a fixed number of dict operations and one heap operation,
 whatever the number of live calls: least-loaded comes from a load index kept as calls
@@ -55,8 +57,18 @@ from scheduling.control_messages import (
     Submit,
     Transfer,
 )
-from scheduling.control_resources import NoCapacity, Resources, plus, shortfall
+from scheduling.control_resources import (
+    NoCapacity,
+    Resources,
+    Short,
+    describe,
+    never_fits,
+    plus,
+    short_of,
+    shortfall,
+)
 from scheduling.control_rules import RuleTable
+from scheduling.control_waiting import WAITING_ROOM, WaitingRoom
 
 EXTERNAL = "external"  # holds calls the controllers do not run (tools), until they finish
 FOLD_AT = 4096  # session counts waiting for a view; past this the call that adds one folds
@@ -73,10 +85,14 @@ class Cluster:
     def __init__(self, agents: dict[str, Directives] | None = None, *,
                  grow_on_demand: bool = False, auto_pump: bool = True,
                  record_events: bool = True, cold_start: bool = False,
-                 capacity: Resources | None = None) -> None:
+                 capacity: Resources | None = None,
+                 resource_wait_s: float | None = None) -> None:
         """`cold_start`: a provisioned instance is STARTING (holding its resources, not
         serving) until the host calls `activate`, as when it loads a model.
-        `capacity`: what the instances may reserve in all (None: unbounded)."""
+        `capacity`: what the instances may reserve in all (None: unbounded).
+        `resource_wait_s`: how long a ready call waits for room for an instance of its
+        type before it fails (None or <= 0: a call with no room is refused at once);
+        the host calls `expire` to end the waits that ran out."""
         self.rules = RuleTable()
         self.capacity = None if capacity is None else dict(capacity)
         self.reserved: dict[str, float] = {}
@@ -89,6 +105,10 @@ class Cluster:
         self.controllers: dict[str, LocalController] = {
             name: LocalController(name, "", self.rules, executes=False)
             for name in (DRIVER, EXTERNAL)}
+        self.room: WaitingRoom | None = None
+        if resource_wait_s is not None and resource_wait_s > 0:
+            self.room = WaitingRoom(self.rules, resource_wait_s)
+            self.controllers[WAITING_ROOM] = self.room.hold
         self.by_type: dict[str, list[LocalController]] = {}
         self.outbox: deque[Message] = deque()
         self.events: list[dict[str, Any]] = []
@@ -165,12 +185,15 @@ class Cluster:
         if held is not None:
             self.reserved = plus(self.reserved, held, -1.0)
 
-    def activate(self, instance_id: str) -> None:
-        """A STARTING instance is ready to serve."""
+    def activate(self, instance_id: str, now: float | None = None) -> None:
+        """A STARTING instance is ready to serve (and takes the calls waiting for one,
+        given `now`)."""
         c = self.controllers[instance_id]
         if c.state_ is InstanceState.STARTING:
             self._set_state(c, InstanceState.ACTIVE)
             self._event("instance.active", instance=instance_id)
+            if now is not None:
+                self.unpark(now)
 
     def _set_state(self, c: LocalController, state: InstanceState) -> None:
         """The one place an instance changes state: only ACTIVE ones are in the index."""
@@ -244,7 +267,10 @@ class Cluster:
         directives = self.agents.get(agent_type)
         if directives is None:
             directives = self.agents[agent_type] = Directives()
-        instance, reason = self._place(agent_type, session_id, directives)
+        if self.room is None:
+            instance, reason = self._place(agent_type, session_id, directives)
+        else:
+            instance, reason = self._place_or_wait(agent_type, session_id, directives, now)
         meta = self._meta
         if stage is None:
             stages = [meta[d][1] for d in deps if d in meta]
@@ -254,7 +280,9 @@ class Cluster:
         attempt = 0
         if call_key is not None:
             attempt = _bump(self._attempts, session_id, call_key)
-        turn = _bump(self._turns, session_id, agent_type) if directives.stateful else None
+        # a waiting call takes its turn when it leaves: one that fails waiting leaves no gap
+        turn = _bump(self._turns, session_id, agent_type) \
+            if directives.stateful and instance != WAITING_ROOM else None
         self._seq += 1
         view = _future(fid, session_id, agent_type, instance, now, self._seq, creator,
                        tuple(deps), stage, attempt, turn)
@@ -268,7 +296,9 @@ class Cluster:
         if tally is None:
             tally = self._tally[session_id] = _Tally(session_id)
         self._count(tally, stage, attempt, 1)
-        if self.record_events:
+        if instance == WAITING_ROOM:
+            self._park(fid, session_id, agent_type)
+        elif self.record_events:
             self._event("future.placed", id=fid, session_id=session_id, agent_type=agent_type,
                         instance=instance, reason=reason, stage=stage, attempt=attempt)
         if not deps:
@@ -308,6 +338,94 @@ class Cluster:
 
     def complete(self, fid: str, value: object, ok: bool, now: float) -> None:
         self.send(self.controllers[EXTERNAL].finish(fid, value, ok, now), now)
+
+    # --- waiting for room (control_waiting.py) ---------------------------------------------
+
+    def _place_or_wait(self, agent_type: str, session_id: str, directives: Directives,
+                       now: float) -> tuple[str, str]:
+        """`_place`, or the waiting room when the type has no instance and no room for
+        one, but one could fit the capacity; the type's earlier waiting calls go first.
+        NoCapacity: one instance never fits."""
+        room = self.room
+        assert room is not None
+        if room.queued(agent_type):
+            self.unpark(now, agent_type)
+            if room.queued(agent_type):
+                return WAITING_ROOM, "behind earlier calls waiting for resources"
+        try:
+            return self._place(agent_type, session_id, directives)
+        except NoCapacity:
+            if self.capacity is None or never_fits(agent_type, directives.resources,
+                                                   self.capacity) is not None:
+                raise
+            return WAITING_ROOM, "waiting for resources"
+
+    def _park(self, fid: str, session_id: str, agent_type: str) -> None:
+        assert self.room is not None and self.capacity is not None
+        self.room.park(agent_type, fid)
+        need = self.agents[agent_type].resources
+        short = short_of(need, self.reserved, self.capacity)
+        self._event("future.waiting", id=fid, session_id=session_id, agent_type=agent_type,
+                    wait_s=self.room.wait_s, **_short_fields(agent_type, short))
+
+    def unpark(self, now: float, only: str | None = None) -> None:
+        """Place the waiting calls that now have room, oldest first per agent type."""
+        room = self.room
+        if room is None:
+            return
+        for agent_type in [only] if only is not None else room.types():
+            directives = self.agents[agent_type]
+            while (view := room.head(agent_type)) is not None:
+                try:
+                    target, how = self._place(agent_type, view.session_id, directives)
+                except NoCapacity:
+                    break
+                room.leave(agent_type)
+                if directives.stateful:
+                    room.set_turn(view.future_id,
+                                  _bump(self._turns, view.session_id, agent_type))
+                self._event("future.placed", id=view.future_id, session_id=view.session_id,
+                            agent_type=agent_type, instance=target,
+                            reason=f"{how}, after {now - view.created_at:.1f} s waiting "
+                                   f"for resources",
+                            stage=view.stage, attempt=view.attempt)
+                self.send((MigrateRequest(WAITING_ROOM, view.future_id, target),), now)
+
+    def expire(self, now: float) -> list[tuple[str, str]]:
+        """End the waits that ran out: each call ready for `resource_wait_s` with still
+        no room fails (its consumers and creator get the failure). Returns (call, why)
+        for each failed now; with `auto_pump` off, a call fails once its move arrives."""
+        room = self.room
+        if room is None:
+            return []
+        self.unpark(now)
+        for agent_type, view in room.due(now):
+            short = short_of(self.agents[agent_type].resources, self.reserved,
+                             self.capacity or {})
+            fields = _short_fields(agent_type, short)
+            room.expiring[view.future_id] = (
+                f"agent {agent_type} waited {room.wait_s:g} s for resources and none "
+                f"freed: {fields['reason']}")
+            self._event("future.wait_expired", id=view.future_id, session_id=view.session_id,
+                        agent_type=agent_type, waited_s=now - view.created_at, **fields)
+            sink = room.sink(agent_type)
+            self.controllers.setdefault(sink.id, sink)
+            self.send((MigrateRequest(WAITING_ROOM, view.future_id, sink.id),), now)
+        failed: list[tuple[str, str]] = []
+        for sink in room.sinks.values():
+            while (started := sink.start_next(now)) is not None:
+                fid = started.future.future_id
+                self.finish(sink.id, fid, None, False, now)
+                failed.append((fid, room.expiring.pop(fid)))
+        return failed
+
+    def waiting(self) -> int:
+        """Calls in the waiting room (and on their way to fail)."""
+        return 0 if self.room is None else len(self.room)
+
+    def next_deadline(self) -> float | None:
+        """When `expire` next has a wait to end (None: no waiting call is ready yet)."""
+        return None if self.room is None else self.room.next_deadline()
 
     # --- running ------------------------------------------------------------------------
 
@@ -369,8 +487,9 @@ class Cluster:
         for o in out:
             if isinstance(o, Transfer):
                 self._visit(o.future.session_id, o.to)
-                self._event("future.migrated", id=o.future.future_id, source=c.id,
-                            destination=o.to, session_id=o.future.session_id)
+                if c.id != WAITING_ROOM:  # leaving it is a placement, traced as one
+                    self._event("future.migrated", id=o.future.future_id, source=c.id,
+                                destination=o.to, session_id=o.future.session_id)
         while c.refused:
             fid, why = c.refused.pop()
             self._event("migration.refused", id=fid, instance=c.id, reason=why)
@@ -405,6 +524,8 @@ class Cluster:
                         detail=problem or "", **fields)
         for session in reorder:
             self._rekey(session)
+        if self.room is not None:
+            self.unpark(now)  # a kill or a provision may have made room
         return done
 
     def _rekey(self, session_id: str) -> None:
@@ -586,6 +707,14 @@ class _Meta(NamedTuple):
     placed: str  # the instance it was placed on (it may have moved since)
     attempt: int
     creator: str
+
+
+def _short_fields(agent_type: str, short: Short | None) -> dict[str, Any]:
+    """A waiting call's trace fields: the resource it lacks, needed vs free."""
+    if short is None:  # room freed since: it is placed at the next `unpark`
+        return {"resource": None, "reason": f"{agent_type}'s instance fits again"}
+    return {"resource": short.key, "need": short.need, "free": short.free,
+            "capacity": short.have, "reason": describe(agent_type, short)}
 
 
 def _bump(table: dict[str, dict[str, int]], session_id: str, key: str) -> int:

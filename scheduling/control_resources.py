@@ -10,6 +10,7 @@ not isolation: nothing here bounds what an instance actually uses.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 KEYS = ("CPU", "GPU", "memory_mb")
 Resources = Mapping[str, float]
@@ -35,19 +36,39 @@ def plus(a: Resources, b: Resources, sign: float = 1.0) -> dict[str, float]:
     return out
 
 
-def shortfall(agent_type: str, need: Resources, reserved: Resources,
-              capacity: Resources) -> str | None:
-    """Why one more instance of `agent_type` does not fit (None: it fits). A resource
-    the capacity does not name has none (a run has no GPU unless it is given some)."""
+class Short(NamedTuple):
+    """The first resource one more instance lacks: how much it needs of `key`, how much
+    is free, and the pool's capacity and reservations of it."""
+
+    key: str
+    need: float
+    free: float
+    have: float
+    used: float
+
+
+def short_of(need: Resources, reserved: Resources, capacity: Resources) -> Short | None:
+    """What one more reservation of `need` lacks (None: it fits). A resource the
+    capacity does not name has none (a run has no GPU unless it is given some)."""
     for key, n in need.items():
         if n <= 0:
             continue
         have, used = capacity.get(key, 0.0), reserved.get(key, 0.0)
         if used + n > have + _EPS:
-            return (f"{agent_type} reserves {key}={n:g} per instance; {max(0.0, have - used):g}"
-                    f" of the run's {key}={have:g} is free ({used:g} reserved by its live "
-                    f"instances)")
+            return Short(key, n, max(0.0, have - used), have, used)
     return None
+
+
+def describe(agent_type: str, s: Short) -> str:
+    return (f"{agent_type} reserves {s.key}={s.need:g} per instance; {s.free:g} of the "
+            f"run's {s.key}={s.have:g} is free ({s.used:g} reserved by its live instances)")
+
+
+def shortfall(agent_type: str, need: Resources, reserved: Resources,
+              capacity: Resources) -> str | None:
+    """Why one more instance of `agent_type` does not fit (None: it fits)."""
+    s = short_of(need, reserved, capacity)
+    return None if s is None else describe(agent_type, s)
 
 
 def never_fits(agent_type: str, need: Resources, capacity: Resources) -> str | None:

@@ -12,15 +12,23 @@ run's sandbox reports (`agents`), once per agent type and run.
   treats them, by the sandbox's local controllers and by the global controller's
   validation (scheduling/control_resources.py). The run's capacity comes from its
   sandbox's limits: `memory_mb` its address-space limit, `CPU` the CPUs the sandbox may
-  run on, `GPU` none unless configured (`AGENTD_GPUS` in the sandbox's environment,
-  which runs.py does not pass yet: today a GPU reservation never fits).
+  run on, `GPU` the daemon's `runtime_gpus` (default -1: the GPUs visible to the daemon,
+  daemon/runtime/gpus.py), passed to the sandbox as `AGENTD_GPUS`.
   Each live instance reserves its agent's resources; a provision (a policy's or an
   operator's), a `min_instances` start-up or an on-demand growth that does not fit what
   the run's live instances already reserve is refused with the reason (a
   `control.decision` or `control.applied` event with `ok: false`); a kill frees the
-  reservation at once (the instance drains under the run's limits). An agent whose one
-  instance needs more than the run has in all fails the call that first uses it, and so
-  the run, naming the agent, the resource and the capacity.
+  reservation at once (the instance drains under the run's limits). A call to an agent
+  with no instance and no room for one waits (a `future.waiting` event naming the
+  agent, the resource, what it needs and what is free) until a kill or a provision
+  makes room (then a `future.placed` event), for at most the daemon's
+  `runtime_resource_wait_s` (default 60 s) once ready; then it fails with a
+  ResourceError naming the same (a `future.wait_expired` event). Nothing reclaims idle
+  instances of other agents for it: room comes from the operator's or the active
+  policy's kills (the built-in reassignment policy only moves instances between agents
+  that have some). An agent whose one instance needs more than the run has in all
+  fails the call that first uses it at once, and so the run, naming the agent, the
+  resource and the capacity.
   Not enforced: isolation. An instance is a thread of its run's sandbox process, so one
   can use more memory or CPU than it reserved; the run's rlimits (per process) and its
   pids cgroup stay the only hard bound, shared by every instance. A per-agent hard

@@ -6,7 +6,10 @@ A run owns a program (created through `core.ensure_program`), a run-scoped API t
 directory (a temporary directory outside the daemon's data dir holding only the bundle
 copy) and one sandbox process (`python -I -m agentd.sandbox`, see agentd/sandbox.py).
 The sandbox's environment holds only PATH, LANG, MALLOC_ARENA_MAX and the AGENTD_RUN_*
-values below: no data dir, no database URL, no token file path.
+values below: no data dir, no database URL, no token file path. It also carries what
+the run's agents may reserve and wait for (agentd/runtime.py): `AGENTD_GPUS` (the
+config's `runtime_gpus`, or the GPUs visible to the daemon, daemon/runtime/gpus.py)
+and `AGENTD_RESOURCE_WAIT_S` (`runtime_resource_wait_s`).
 
 When the run ends (result, failure, limit, cancel) the controller revokes its token,
 releases its program and every per-agent program the sandbox's LLM calls created
@@ -40,6 +43,7 @@ from daemon import auth
 from daemon.core import Core, CoreError, new_id
 from daemon.runtime import confine
 from daemon.runtime.bundles import BundleError, BundleStore, Signature
+from daemon.runtime.gpus import visible_gpus
 from daemon.state import ProgramStatus
 from db import models, tokens
 
@@ -64,7 +68,7 @@ MAX_ENDED_RUNS = 256
 SANDBOX_EVENTS = frozenset({
     "future.created", "future.resolved", "future.placed", "future.started", "future.migrated",
     "migration.refused", "control.applied", "instance.provisioned", "instance.killed",
-    "instance.dead"})
+    "instance.dead", "future.waiting", "future.wait_expired"})
 # The name of a run's token: runs do not survive a restart, so one still active at start
 # belongs to a run of an earlier daemon process (a crash) and is revoked.
 RUN_TOKEN_NAME = re.compile(r"run run-[0-9a-f]{16}")
@@ -162,6 +166,15 @@ class RunController:
         # Called with each run once it has ended and released its programs.
         self.on_end: list[Callable[[Run], None]] = []
         self._state_lock = asyncio.Lock()
+        self._gpus: float | None = None
+
+    async def gpus(self) -> float:
+        """The GPUs a run's agents may reserve: configured, else those the daemon sees."""
+        if self._gpus is None:
+            configured = self.core.config.runtime_gpus
+            self._gpus = configured if configured >= 0 else float(
+                await asyncio.to_thread(visible_gpus))
+        return self._gpus
 
     async def revoke_stale_tokens(self) -> int:
         """Revoke the tokens of runs of an earlier daemon process (see RUN_TOKEN_NAME)."""
@@ -211,12 +224,13 @@ class RunController:
                                      auth.RunScope(run.id, run.program_id, run.session_id))
         return secret
 
-    def sandbox_env(self, run: Run, secret: str) -> dict[str, str]:
+    def sandbox_env(self, run: Run, secret: str, gpus: float) -> dict[str, str]:
         return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
                 "MALLOC_ARENA_MAX": "2", "PYTHONUNBUFFERED": "1",
                 "AGENTD_RUN_ID": run.id, "AGENTD_PROGRAM_ID": run.program_id,
                 "AGENTD_SESSION_ID": run.session_id, "AGENTD_DAEMON_URL": self.base_url,
-                "AGENTD_RUN_TOKEN": secret}
+                "AGENTD_RUN_TOKEN": secret, "AGENTD_GPUS": f"{gpus:g}",
+                "AGENTD_RESOURCE_WAIT_S": f"{self.core.config.runtime_resource_wait_s:g}"}
 
     # --- executing --------------------------------------------------------------------
 
@@ -268,7 +282,8 @@ class RunController:
         pids cgroup, namespaces, Landlock, disk quota or watchdog) is confine.Jail's."""
         box = await confine.confinement(self.core.config, self.base_url)
         jail = confine.Jail(box, run.id, run.limits, lambda kind, **d: self.trace(run, kind, **d))
-        proc = await jail.spawn(root, root / "work", log_file, self.sandbox_env(run, secret))
+        env = self.sandbox_env(run, secret, await self.gpus())
+        proc = await jail.spawn(root, root / "work", log_file, env)
         return proc, jail
 
     def _outcome(self, stdout: bytes, returncode: int, run: Run) -> dict[str, Any]:

@@ -55,16 +55,80 @@ def test_an_agent_that_cannot_fit_at_all_fails_its_first_call() -> None:
 
 
 def test_start_up_and_calls_are_held_to_the_capacity() -> None:
-    with agentd.local_runtime(capacity=CAP) as rt:
+    with agentd.local_runtime(capacity=CAP, resource_wait_s=0.5) as rt:
         twin = Twin()
         assert twin.instances == 2  # the third of min_instances does not fit: 1200 > 1024
         assert str(twin.ping()) == "pong"
-        late = Late().ping()  # fits the run, not beside the twins: refused, not hung
-        with pytest.raises(NoCapacity, match="no live instance of Late"):
-            late.value(timeout=5)
+        t0 = time.perf_counter()
+        late = Late().ping()  # fits the run, not beside the twins: waits, then fails
+        with pytest.raises(ResourceError) as caught:
+            late.value(timeout=10)
+        waited = time.perf_counter() - t0
+    assert 0.5 <= waited < 5, waited
+    assert str(caught.value).startswith("agent Late waited 0.5 s for resources and none "
+                                        "freed: Late reserves memory_mb=300 per instance; "
+                                        "224 of the run's memory_mb=1024 is free")
     refused = [e for e in rt.events if e["event"] == "control.applied" and not e["ok"]]
     assert [(e["agent_type"], e["reason"]) for e in refused] == [("Twin", "min_instances")]
     assert "memory_mb" in refused[0]["detail"]
+    waits = [e for e in rt.events if e["event"] in ("future.waiting", "future.wait_expired")]
+    assert [(e["event"], e["agent_type"], e["resource"], e["need"], e["free"])
+            for e in waits] == [("future.waiting", "Late", "memory_mb", 300, 224),
+                                ("future.wait_expired", "Late", "memory_mb", 300, 224)]
+
+
+@agentd.agent(min_instances=1, max_instances=2, resources={"memory_mb": 400})
+class Holder:
+    def ping(self) -> str:
+        return "pong"
+
+
+@agentd.agent(min_instances=0, resources={"memory_mb": 300})
+class Waiter:
+    def ping(self, x: int) -> int:
+        return x + 1
+
+
+def test_a_waiting_call_runs_when_a_kill_makes_room_and_its_consumer_follows() -> None:
+    with agentd.local_runtime(capacity=CAP, resource_wait_s=30) as rt:
+        holder = Holder()
+        assert holder.instances == 1  # registers the type
+        assert rt.control.apply([{"kind": "Provision", "agent_type": "Holder"}])[0].ok
+        assert holder.instances == 2  # 800 of 1024 MiB reserved
+        first = Waiter().ping(1)  # waits: 224 MiB free
+        second = Waiter().ping(first)  # depends on the waiting call: waits behind it
+        time.sleep(0.3)
+        assert not first.available() and not second.available()
+        t0 = time.perf_counter()
+        applied = rt.control.apply([{"kind": "Kill", "instance_id": "Holder#1"}])
+        assert applied[0].ok, applied
+        assert int(second.value(timeout=10)) == 3
+        assert time.perf_counter() - t0 < 2
+        assert Waiter().instances == 1
+    placed = [e for e in rt.events if e["event"] == "future.placed"
+              and e["agent_type"] == "Waiter"]
+    assert [e["instance"] for e in placed] == ["Waiter#0", "Waiter#0"]
+    assert all("waiting for resources" in e["reason"] for e in placed)
+    assert not [e for e in rt.events if e["event"] == "future.wait_expired"]
+
+
+def test_the_wait_comes_from_the_environment() -> None:
+    from agentd.runtime import DEFAULT_RESOURCE_WAIT_S, resource_wait
+
+    assert resource_wait({}) == DEFAULT_RESOURCE_WAIT_S == 60.0
+    assert resource_wait({"AGENTD_RESOURCE_WAIT_S": "2.5"}) == 2.5
+    for bad in ("soon", "-1", "nan"):
+        with pytest.raises(ValueError, match="AGENTD_RESOURCE_WAIT_S"):
+            resource_wait({"AGENTD_RESOURCE_WAIT_S": bad})
+
+
+def test_without_a_wait_a_call_without_room_fails_at_once() -> None:
+    with agentd.local_runtime(capacity=CAP, resource_wait_s=0) as rt:
+        assert Twin().instances == 2
+        late = Late().ping()
+        with pytest.raises(NoCapacity, match="no live instance of Late"):
+            late.value(timeout=5)
+    assert not [e for e in rt.events if e["event"] == "future.waiting"]
 
 
 def test_process_capacity_reads_this_process_limits() -> None:

@@ -1,0 +1,268 @@
+"""The waiting room (scheduling/control_waiting.py) in the cluster: a call with no room
+for an instance of its type waits instead of failing, is placed when a kill or a
+provision makes room, and fails after `resource_wait_s` of readiness with the agent,
+resource, need and free named; and the migration property test again with waits."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduling.control import DRIVER, Directives, Kill, Provision, Route
+from scheduling.control_cluster import Cluster
+from scheduling.control_resources import NoCapacity
+from scheduling.control_waiting import WAITING_ROOM, unplaced
+from tests.unit.test_control_migration import OPS, World
+
+CAP = {"memory_mb": 1024.0, "CPU": 2.0, "GPU": 0.0}
+AGENTS = {"Holder": Directives(min_instances=1, max_instances=2, resources={"memory_mb": 400}),
+          "Late": Directives(min_instances=0, max_instances=2, resources={"memory_mb": 300}),
+          "Chat": Directives(stateful=True, min_instances=0, resources={"memory_mb": 300}),
+          "Huge": Directives(resources={"memory_mb": 4096})}
+
+
+def full(wait_s: float | None = 5.0) -> Cluster:
+    """Two Holders reserve 800 of 1024 MiB: no room for a Late (300) or a Chat (300)."""
+    c = Cluster(AGENTS, grow_on_demand=True, capacity=CAP, resource_wait_s=wait_s)
+    c.add_instance("Holder")
+    c.add_instance("Holder")
+    c.take_events()
+    return c
+
+
+def kinds(c: Cluster) -> list[dict[str, Any]]:
+    return [e for e in c.take_events() if e["event"].startswith("future.")]
+
+
+def run_all(c: Cluster, now: float) -> list[str]:
+    """Start and finish every startable call; returns them in order."""
+    ran: list[str] = []
+    while startable := c.startable():
+        for inst in startable:
+            while (s := c.start_next(inst, now)) is not None:
+                ran.append(s.future.future_id)
+                c.finish(inst, s.future.future_id, f"v:{s.future.future_id}", True, now)
+    return ran
+
+
+def test_a_call_without_room_waits_and_a_kill_places_it() -> None:
+    c = full()
+    assert c.create("late", "s", "Late", 1.0) == WAITING_ROOM
+    waiting = kinds(c)
+    assert [e["event"] for e in waiting] == ["future.waiting"]
+    w = waiting[0]
+    assert (w["agent_type"], w["resource"], w["need"], w["free"], w["capacity"]) == \
+        ("Late", "memory_mb", 300, 224, 1024)
+    assert "Late reserves memory_mb=300" in w["reason"] and w["wait_s"] == 5.0
+    assert c.waiting() == 1 and c.next_deadline() == 6.0  # ready at once: 1 + 5 s
+    assert run_all(c, 2.0) == []  # nothing runs it while it waits
+    assert not c.expire(5.9)
+    assert c.apply([Kill("Holder#1")], 3.0)[0].ok  # 400 MiB back: a Late fits
+    placed = [e for e in kinds(c) if e["event"] == "future.placed"]
+    assert [(e["id"], e["instance"]) for e in placed] == [("late", "Late#0")]
+    assert "after 2.0 s waiting for resources" in placed[0]["reason"]
+    assert c.waiting() == 0 and run_all(c, 4.0) == ["late"]
+    assert c.controllers[DRIVER].results["late"] == ("v:late", True)
+
+
+def test_a_wait_that_runs_out_fails_the_call_and_its_consumers_hear_it() -> None:
+    c = full()
+    c.create("late", "s", "Late", 1.0)
+    c.create("after", "s", "Holder", 1.5, deps=["late"])  # a consumer of the waiting call
+    assert c.expire(5.99) == []
+    failed = c.expire(6.0)
+    assert [fid for fid, _ in failed] == ["late"]
+    why = failed[0][1]
+    assert why.startswith("agent Late waited 5 s for resources and none freed")
+    assert "memory_mb=300" in why and "224 of the run's memory_mb=1024 is free" in why
+    expired = [e for e in kinds(c) if e["event"] == "future.wait_expired"]
+    assert len(expired) == 1 and expired[0]["resource"] == "memory_mb"
+    assert c.controllers[DRIVER].results["late"] == (None, False)
+    started = c.start_next("Holder#0", 6.0) or c.start_next("Holder#1", 6.0)
+    assert started is not None and started.values == {"late": (None, False)}
+    assert c.waiting() == 0
+
+
+def test_the_wait_counts_from_readiness_not_creation() -> None:
+    c = full()
+    c.create("dep", "s", "Holder", 0.0)
+    c.create("late", "s", "Late", 0.0, deps=["dep"])
+    assert c.next_deadline() is None and c.expire(100.0) == []  # not ready: no clock
+    assert c.waiting() == 1
+    c.start_next("Holder#0", 100.0)
+    c.finish("Holder#0", "dep", "v:dep", True, 101.0)
+    assert c.next_deadline() == 106.0
+    assert c.apply([Kill("Holder#1")], 102.0)[0].ok
+    ran: list[tuple[str, Any]] = []
+    s = c.start_next("Late#0", 103.0)
+    assert s is not None
+    ran.append((s.future.future_id, s.values))
+    assert ran == [("late", {"dep": ("v:dep", True)})]
+
+
+def test_calls_of_a_type_are_placed_first_come_first_placed() -> None:
+    c = full()
+    for i in range(3):
+        assert c.create(f"l{i}", "s", "Late", float(i)) == WAITING_ROOM
+    # a provision of the waiting type itself does not fit either: refused
+    assert not c.apply([Provision("Late")], 3.0)[0].ok
+    assert c.waiting() == 3
+    c.take_events()
+    assert c.apply([Kill("Holder#1")], 4.0)[0].ok
+    assert c.waiting() == 0
+    # 624 MiB free: two Lates fit (max_instances 2), placed in the calls' order
+    placed = [(e["id"], e["instance"]) for e in kinds(c) if e["event"] == "future.placed"]
+    assert placed == [("l0", "Late#0"), ("l1", "Late#1"), ("l2", "Late#0")]
+    assert sorted(run_all(c, 5.0)) == ["l0", "l1", "l2"]
+
+
+def test_stateful_calls_take_their_turns_when_they_leave() -> None:
+    c = full(wait_s=1.0)
+    c.create("c0", "s", "Chat", 0.0)  # fails waiting: must leave no gap in the turns
+    assert [fid for fid, _ in c.expire(1.0)] == ["c0"]
+    c.create("c1", "s", "Chat", 2.0)
+    c.create("c2", "s", "Chat", 2.0)
+    assert c.apply([Kill("Holder#1")], 2.5)[0].ok
+    assert run_all(c, 3.0) == ["c1", "c2"]  # turns 0 and 1 on Chat#0: neither parked
+
+
+def test_an_agent_that_never_fits_is_refused_at_once() -> None:
+    c = full()
+    with pytest.raises(NoCapacity, match="no live instance of Huge"):
+        c.create("h", "s", "Huge", 0.0)
+    assert not c.knows("h") and c.waiting() == 0
+
+
+def test_without_a_wait_a_call_without_room_is_refused() -> None:
+    for wait in (None, 0.0):
+        c = full(wait_s=wait)
+        with pytest.raises(NoCapacity, match="no live instance of Late"):
+            c.create("late", "s", "Late", 0.0)
+        assert WAITING_ROOM not in c.controllers
+
+
+def test_cold_start_activation_places_waiting_calls() -> None:
+    c = Cluster({"W": Directives(min_instances=0, resources={"CPU": 1})}, capacity={"CPU": 1},
+                cold_start=True, resource_wait_s=10.0)
+    assert c.apply([Provision("W")], 0.0)[0].ok  # STARTING: holds the CPU, serves nothing
+    assert c.create("w", "s", "W", 1.0) == WAITING_ROOM
+    c.activate("W#0", 2.0)
+    assert c.waiting() == 0 and run_all(c, 3.0) == ["w"]
+
+
+def test_forgetting_the_session_clears_the_room() -> None:
+    c = full(wait_s=1.0)
+    c.create("a", "s", "Late", 0.0)
+    c.create("b", "s", "Late", 0.0)
+    c.expire(1.0)  # both fail
+    c.create("d", "s", "Late", 2.0)
+    c.apply([Kill("Holder#1")], 2.0)
+    run_all(c, 3.0)
+    c.forget_session("s")
+    for name in (WAITING_ROOM, unplaced("Late")):
+        ctl = c.controllers[name]
+        assert not (ctl.held or ctl.done or ctl.moved or ctl._records), name
+
+
+# --- the migration property test, with waits for resources ----------------------------
+
+WAIT_AGENTS = {
+    "A": Directives(min_instances=0, max_instances=3, resources={"memory_mb": 100}),
+    "B": Directives(min_instances=0, max_instances=3, resources={"memory_mb": 100}),
+    "S": Directives(stateful=True, min_instances=0, max_instances=2,
+                    resources={"memory_mb": 100})}
+WAIT_OPS = (*OPS, "expire")
+
+
+class WaitWorld(World):
+    """World's random schedules in a run full of As: the calls of B and S wait until
+    kills of As make room for them (a kill never takes a type's last serving instance:
+    the validation refuses it), and time jumps end waits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = Cluster(WAIT_AGENTS, auto_pump=False, capacity={"memory_mb": 400},
+                         resource_wait_s=0.5)
+        for _ in range(4):  # full: B's and S's calls wait until kills of As make room
+            self.c.add_instance("A")
+        assert self.c.apply([Route("A", "A#0", "s0")], 0.0)[0].ok
+        self.failed: Counter[str] = Counter()
+
+    def op_expire(self, a: int, b: int, k: int) -> None:
+        self.now += 1.0
+        for fid, why in self.c.expire(self.tick()):
+            assert "waited 0.5 s for resources" in why
+            self.failed[fid] += 1
+
+    def op_create(self, a: int, b: int, k: int) -> None:
+        try:
+            super().op_create(a, b, k)
+        except NoCapacity as exc:  # a call's instance can fit: never refused
+            raise AssertionError(f"refused: {exc}") from exc
+
+    def drain(self, rng: random.Random) -> None:
+        for _ in range(1000):
+            super().drain(rng)
+            if not self.c.waiting():
+                return
+            self.op_expire(0, 0, 0)
+        raise AssertionError("the waits did not end")
+
+    def check(self) -> None:
+        assert not self.c.outbox and self.c.waiting() == 0
+        assert set(self.started) | set(self.failed) == set(self.calls), "a call was lost"
+        assert not set(self.started) & set(self.failed), "a call ran and failed"
+        assert all(n == 1 for n in (self.started + self.failed).values())
+        for fid, (_session, _agent, deps, creator) in self.calls.items():
+            if fid in self.started:
+                want = {d: None if d in self.failed else f"v:{d}" for d in deps}
+                assert self.ran_with[fid] == want, fid
+                assert self.c.controllers[creator].results[fid] == (f"v:{fid}", True)
+            else:
+                assert self.c.controllers[creator].results[fid] == (None, False)
+        for c in self.c.controllers.values():
+            assert not c.held, f"{c.id} still holds {list(c.held)}"
+            assert not any(c.stash.values()), f"{c.id} has undelivered {c.stash}"
+        for session, turns in self.stateful_order.items():
+            assert turns == list(range(len(turns))), (session, turns)
+
+
+wait_op = st.tuples(st.sampled_from(WAIT_OPS), st.integers(0, 999), st.integers(0, 999),
+                    st.integers(0, 999))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(wait_op, min_size=10, max_size=250), st.integers(0, 2**32))
+def test_waits_never_run_a_call_twice_or_lose_one(ops: list[Any], seed: int) -> None:
+    w = WaitWorld()
+    for name, a, b, k in ops:
+        w.do(name, a, b, k)
+    w.drain(random.Random(seed))
+    w.check()
+    w.check_forgotten()
+
+
+def test_waits_placements_and_expiries_actually_happen() -> None:
+    """Not vacuous: over seeded schedules calls do wait, leave placed, and run out."""
+    counts: Counter[str] = Counter()
+    for seed in range(40):
+        rng = random.Random(seed)
+        w = WaitWorld()
+        for _ in range(200):
+            w.do(rng.choice(WAIT_OPS), rng.randrange(1000), rng.randrange(1000),
+                 rng.randrange(1000))
+        w.drain(rng)
+        w.check()
+        for e in w.c.take_events():
+            if e["event"] == "future.placed" and "waiting for resources" in e["reason"]:
+                counts["placed after waiting"] += 1
+            elif e["event"] in ("future.waiting", "future.wait_expired"):
+                counts[e["event"]] += 1
+        w.check_forgotten()
+    assert counts["future.waiting"] > 50, counts
+    assert counts["placed after waiting"] > 10 and counts["future.wait_expired"] > 10, counts
