@@ -33,6 +33,7 @@ from console.tui.screens.programs import ProgramsScreen
 from console.tui.screens.sessions import SessionsScreen
 from console.tui.screens.tools import ToolsScreen
 from console.tui.screens.trace import TraceScreen
+from console.tui.shutdown import finish_workers
 
 DEFAULT_POLL_S = 1.0
 DEFAULT_TTFT_SLO_S = 1.0
@@ -92,6 +93,11 @@ class AgentdTui(App[None]):
         self.poll()
 
     async def on_unmount(self) -> None:
+        stuck = await finish_workers(self.workers)
+        if stuck:
+            # Closing under them would make them fail; the process is exiting anyway.
+            self.log.warning(f"left the client open for workers still running: {stuck}")
+            return
         await self.client.aclose()
 
     # --- polling ----------------------------------------------------------------------
@@ -108,8 +114,10 @@ class AgentdTui(App[None]):
                 self.post_message(DaemonUnreachable(f"unexpected answer from the daemon "
                                                     f"({type(exc).__name__}: {exc})"))
             self._wake.clear()
+            # Not wait_for: on 3.11 it drops a cancel that lands as the wake fires.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+                async with asyncio.timeout(self.poll_interval):
+                    await self._wake.wait()
 
     def action_poll_now(self) -> None:
         self._wake.set()
