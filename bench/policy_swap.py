@@ -1,6 +1,7 @@
 """Hot-swapping policies under load: swap latency and dispatch stalls, per layer.
 
     python -m bench.policy_swap [--rounds N] [--baseline-s S] [--concurrency C]
+                                [--isolation pin|nice|none] [--probe-dir DIR]
     ->  bench/results/policy_swap.json, policy_swap.png
 
 A real daemon (SQLite store, trace on, two sim workers) serves steady traffic:
@@ -12,6 +13,13 @@ step apart). First a phase without swaps (the baseline), then `--rounds` rounds;
 round, for each layer (kv, ordering, meta, admission), stores a new version of an
 operator policy, alternating between two valid sources (bench/policy_swap_sources.py),
 activates it and reads it back, sends a control request, and rolls it back.
+
+The load generator would run on another machine; here it shares the cores, so by
+default it runs at a lower priority and keeps off one core, which only the daemon uses
+(`--isolation`, bench/policy_swap_isolation.py; `none` is how the benchmark ran before,
+for comparison). A client at a lower priority waits longer for a CPU itself, and that
+shows in send-to-dispatch (between writing a request's headers and its body, for one),
+not in the daemon's wait below.
 
 What is measured:
 - store: PUT /v1/policies/NAME (validated against the live snapshot) until it answers.
@@ -54,6 +62,15 @@ What is measured:
   measures).
 - garbage collection: every collection of 1 ms or more in the daemon and its workers
   (the same probe), so that a dispatch gap can be told to hold a collection.
+- the daemon's wait (bench/policy_swap_daemon_side.py): a dispatch stall as the daemon
+  having a dispatchable request and not dispatching it. Per request, from the loop's
+  read of the whole request (uvicorn parsed its body) to its dispatch, less any wait for a
+  slot (no worker admitted it; then from the pump that dispatched it), by the daemon's
+  clock (bench/daemon_probe/probe_intake.py); per window kind as above, the longest
+  such wait that overlaps it, against the same baseline windows. With it the loop lag
+  (bench/daemon_probe/probe_loop_watch.py): how late a 1 ms timer ran, which is what a
+  request's bytes or a worker's answer waited before the loop read them, and where the
+  loop thread was meanwhile.
 - failed requests: client errors, non-finished answers and requests not `finished`.
 """
 
@@ -73,6 +90,7 @@ import httpx
 from bench.common import RESULTS, log
 from bench.policy_swap_analysis import (
     CALLS,
+    WINDOWS,
     curves,
     gc_summary,
     loop_hold,
@@ -82,6 +100,8 @@ from bench.policy_swap_analysis import (
     stalls,
     tick_summary,
 )
+from bench.policy_swap_daemon_side import daemon_side
+from bench.policy_swap_isolation import MODES, default_mode, isolate
 from bench.policy_swap_load import Load, LoadResult
 from bench.policy_swap_report import STALL_TARGET_MS, gaps_between, pct, plot, summary
 from bench.policy_swap_sources import SOURCES
@@ -291,6 +311,8 @@ def drive(d: DaemonProcess, args: argparse.Namespace) -> dict[str, Any]:
     swaps: list[dict[str, Any]] = []
     windows: list[int] = []  # completions in the SLO long window after each round
     with Load(d.url, d.token, args.concurrency) as load:
+        isolation = isolate(args.isolation, pid, load.pid)
+        log(f"isolation: {isolation}")
         time.sleep(args.warmup_s)
         m0 = mark()
         log(f"baseline: {args.baseline_s:.0f} s of load without swaps")
@@ -316,7 +338,7 @@ def drive(d: DaemonProcess, args: argparse.Namespace) -> dict[str, Any]:
     return {"swaps": swaps, "windows": windows, "base": (m0[0], m1[0]),
             "swap_phase": (m1[0], m2[0]), "latencies": latencies, "unpaired": unpaired,
             "load": load.result, "dispatches": dispatches, "statuses": statuses,
-            "trace": trace_summary(c), "loop_cpu_ms_per_request": cost,
+            "trace": trace_summary(c), "loop_cpu_ms_per_request": cost, "isolation": isolation,
             "loop_thread": {"baseline": _cpu_shares(m0, m1), "swap_phase": _cpu_shares(m1, m2)}}
 
 
@@ -328,11 +350,13 @@ def report(run: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     hold = {call: loop_hold(run["swaps"], call) for call in CALLS}
     act, ctl = overall["stall_during_activate"], overall["stall_during_control"]
     latency = dispatch_latency(run)
+    own = daemon_side(run, {kind: [s[kind] for s in run["swaps"]] for kind in WINDOWS})
+    waits, lag = own["stall_by_window"], own["loop_lag_by_window"]
     return {
         "benchmark": "policy_swap", "workers": 2,
         "engine": f"sim (step time scale {args.time_scale})", "machine_cores": os.cpu_count(),
-        "machine_load_1m": os.getloadavg()[0],
-        "params": {k: v for k, v in vars(args).items() if k != "out"},
+        "machine_load_1m": os.getloadavg()[0], "isolation": run["isolation"],
+        "params": {k: v for k, v in vars(args).items() if k not in ("out", "probe_dir")},
         "method": (__doc__ or "").split("What is measured:", 1)[1].strip(),
         "target": {"stall_ms": STALL_TARGET_MS, "failed_requests": 0},
         "load": {"sent": load.sent, "ok": load.ok, "failed": len(load.errors),
@@ -343,12 +367,13 @@ def report(run: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
                  "long_window_completions": summary(run["windows"], 0)},
         "daemon_loop_thread": run["loop_thread"],
         "loop_cpu_ms_per_request": run["loop_cpu_ms_per_request"],
-        "garbage_collections": gc_summary(run),
+        "garbage_collections": gc_summary(run), "collector_at_exit": run["exit"],
         "scheduling_ticks": tick_summary(run),
         "dispatch_gaps_ms": {
             "baseline": summary([1000 * g for g in gaps_between(d, *base)], 3),
             "swap_phase": summary([1000 * g for g in gaps_between(d, *phase)], 3)},
         "dispatch_latency_ms": latency,
+        "daemon_side": own,
         "all_layers": {**overall, **{f"loop_hold_{call}": h for call, h in hold.items()}},
         "layers": per_layer(run), "trace": run["trace"],
         "verdict": {
@@ -370,6 +395,17 @@ def report(run: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
             "control_requests_over_10ms": ctl["over_10ms"],
             "control_requests_over_10ms_no_gc": ctl["over_10ms_no_gc"],
             "baseline_windows_over_10ms_share": act["baseline_over_10ms_share"],
+            "daemon_wait_over_10ms": {
+                phase: v["over_10ms"] for phase, v in own["requests"].items()},
+            "daemon_wait_p99_ms": {
+                phase: v["daemon_wait_ms"]["p99"] for phase, v in own["requests"].items()},
+            "worst_activate_daemon_stall_ms": waits["activate"]["stall_ms"]["max"],
+            "activations_with_daemon_stall_over_10ms": waits["activate"]["over_10ms"],
+            "baseline_windows_with_daemon_stall_over_10ms_share":
+                waits["activate"]["baseline_over_10ms_share"],
+            "loop_lags_over_10ms": {
+                phase: v["over_10ms"] for phase, v in own["loop_lag"].items()},
+            "worst_activate_loop_lag_ms": lag["activate"]["stall_ms"]["max"],
             "activate_minus_control_ms": overall["activate_minus_control_ms"]},
     }
 
@@ -428,7 +464,32 @@ def _table(out: dict[str, Any]) -> None:
                        ("dispatch_gaps_ms", "gaps between dispatches")):
         log(f"{title} (ms) p50/p99/max: " + "  ".join(
             f"{phase} {_cells(v)}" for phase, v in out[key].items() if isinstance(v, dict)))
+    _daemon_table(out["daemon_side"])
+    log(f"collections of 1 ms or more: {json.dumps(out['garbage_collections'])}; "
+        f"at exit: {out['collector_at_exit']}")
     log(f"verdict: {json.dumps(out['verdict'])}")
+
+
+def _daemon_table(own: dict[str, Any]) -> None:
+    log("daemon wait per request (ms) p50/p99/max, over 10 ms: " + "  ".join(
+        f"{phase} {_cells(v['daemon_wait_ms'])}, {v['over_10ms']} "
+        f"({v['dispatched_later']} waited for a slot; the client's headers-to-body "
+        f"{_cells(v['headers_to_body_ms'])})" for phase, v in own["requests"].items()))
+    log("loop lag (ms, lags of 4 ms or more) p50/p99/max, over 10 ms (on CPU 10 ms+ / "
+        "mostly waiting for a CPU): " + "  ".join(
+            f"{phase} {_cells(v['lag_ms'])}, {v['over_10ms']} ({v['over_10ms_on_cpu']}/"
+            f"{v['over_10ms_mostly_waiting_for_cpu']})" for phase, v in own["loop_lag"].items()))
+    for key, title in (("stall_by_window", "daemon stall"), ("loop_lag_by_window", "loop lag")):
+        log(f"{title} per window (ms) p50/p99/max [baseline]: " + "  ".join(
+            f"{kind} {_cells(v['stall_ms'])} [{_cells(v['baseline_stall_ms'])}]"
+            for kind, v in own[key].items()))
+    log("token lookups in the store (ms) p50/p99/max, daemon waits > 10 ms overlapping "
+        "one: " + "  ".join(
+            f"{phase} {_cells(v['token_lookup_ms'])}, {v['of_which_overlap_a_lookup']}/"
+            f"{v['daemon_waits_over_10ms']}" for phase, v in own["store_waits"].items()))
+    for phase, v in own["loop_lag"].items():
+        for place, n in v["over_10ms_where"].items():
+            log(f"  {phase} lag > 10 ms: {n:4d} samples at {place}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -442,12 +503,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="requests per layer in the no-traffic CPU measurement")
     ap.add_argument("--time-scale", type=float, default=0.0,
                     help="sim step-time scale (0: zero-cost engine, dispatches densest)")
+    ap.add_argument("--isolation", choices=MODES, default=default_mode(),
+                    help="how the clients keep off the daemon's CPU (pin: the daemon gets "
+                         "a core of its own; nice: clients run at a lower priority)")
+    ap.add_argument("--probe-dir", type=Path, default=None,
+                    help="keep the daemon probe's records here (default: a temporary dir)")
     ap.add_argument("--out", type=Path, default=RESULTS / "policy_swap.json")
     args = ap.parse_args(argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        probe = Path(tmp) / "probe"
-        probe.mkdir()
+        probe = args.probe_dir or Path(tmp) / "probe"
+        probe.mkdir(parents=True, exist_ok=True)
         d = DaemonProcess(data_dir=Path(tmp) / "data", workers=2, env={
             "AGENTD_LOG_LEVEL": "warning", "AGENTD_SIM_TIME_SCALE": str(args.time_scale),
             "AGENTD_BENCH_PROBE": str(probe), "PYTHONPATH": probe_path()})
@@ -456,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
             run = drive(d, args)
         finally:
             d.stop()
-        run["collections"], run["ticks"] = read_probe(probe)
+        run.update(read_probe(probe))
     out = report(run, args)
     plot(out["layers"], curves(run), args.out.with_suffix(".png"))
     args.out.write_text(json.dumps(out, indent=2) + "\n")

@@ -112,19 +112,27 @@ def probe_path() -> str:
     return os.pathsep.join([str(here / "daemon_probe"), *rest])
 
 
-def read_probe(directory: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(collections, ticks) the daemon probe wrote; see its docstring."""
-    collections, ticks = [], []
+def read_probe(directory: Path) -> dict[str, list[Any]]:
+    """What the daemon probe wrote (see its docstring): collections, ticks, loop lags,
+    per-request intake records, store waits and the collector's state at exit."""
+    out: dict[str, list[Any]] = {"collections": [], "ticks": [], "lags": [], "intake": [],
+                                 "awaits": [], "exit": []}
     for path in sorted(directory.glob("*.jsonl")):
         role = path.stem.split("-")[0]
         for line in path.read_text().splitlines():
             record = json.loads(line)
             if "gc" in record:
-                collections.append({"role": role, "start": record["end"] - record["wall"],
-                                    "end": record["end"], "cpu_s": record["cpu"],
-                                    "generation": record["gc"]})
+                out["collections"].append({
+                    "role": role, "start": record["end"] - record["wall"],
+                    "end": record["end"], "cpu_s": record["cpu"], "generation": record["gc"]})
+            elif "req" in record:
+                out["intake"].append(record["req"])
+            elif "lag" in record:
+                out["lags"].append(record)
+            elif "await" in record:
+                out["awaits"].append(record)
+            elif "exit" in record:
+                out["exit"].append(record["exit"])
             else:
-                ticks.append(record)
-    return collections, ticks
-
-
+                out["ticks"].append(record)
+    return out

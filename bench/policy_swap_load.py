@@ -94,6 +94,11 @@ class Load:
         self.proc.start()
         return self
 
+    @property
+    def pid(self) -> int:
+        assert self.proc.pid is not None, "the load process has not started"
+        return self.proc.pid
+
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         try:

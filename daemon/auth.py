@@ -13,6 +13,7 @@ the run (`run_program`). Operator and ordinary `submit` tokens are not bound.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import secrets
@@ -210,6 +211,7 @@ class TokenAuth:
         self._clock = clock
         self._sessions: Sessions | None = None
         self._cache: dict[str, tuple[float, tokens.TokenRecord]] = {}
+        self._lookups: dict[str, asyncio.Task[tokens.TokenRecord | None]] = {}
         self._runs: dict[str, RunScope] = {}
         self._retired: dict[str, float] = {}
 
@@ -240,13 +242,40 @@ class TokenAuth:
                          run=self._runs.get(record.id), tenant=record.tenant)
 
     async def _record(self, token_hash: str) -> tokens.TokenRecord | None:
-        now = self._clock()
         hit = self._cache.get(token_hash)
-        if hit is not None and now - hit[0] < self._ttl:
-            return hit[1]
+        if hit is not None:
+            age = self._clock() - hit[0]
+            if age < self._ttl:
+                if age >= self._ttl / 2:
+                    # Refreshed ahead, in the background: when an entry expired, every
+                    # request carrying the token at that moment read the store (3-8
+                    # reads of up to 86 ms under the swap benchmark's load).
+                    self._lookup(token_hash)
+                return hit[1]
+        # Shielded: a cancelled request does not cancel the read others wait on.
+        return await asyncio.shield(self._lookup(token_hash))
+
+    def _lookup(self, token_hash: str) -> asyncio.Task[tokens.TokenRecord | None]:
+        """One store read per token at a time, however many requests ask."""
+        task = self._lookups.get(token_hash)
+        if task is None:
+            task = asyncio.create_task(self._read(token_hash))
+            self._lookups[token_hash] = task
+            task.add_done_callback(lambda t: self._lookup_done(token_hash, t))
+        return task
+
+    def _lookup_done(self, token_hash: str, task: asyncio.Task[Any]) -> None:
+        self._lookups.pop(token_hash, None)
+        if not task.cancelled() and task.exception() is not None:
+            # A background refresh nobody awaits must not log "exception never
+            # retrieved"; a request that awaited it got the exception already.
+            log.debug("token lookup failed: %s", task.exception())
+
+    async def _read(self, token_hash: str) -> tokens.TokenRecord | None:
         assert self._sessions is not None, "TokenAuth.bind() runs in the daemon's lifespan"
         async with self._sessions() as s:
             record = await tokens.find_by_hash(s, token_hash)
+        now = self._clock()
         # Only hashes of real tokens are cached, so random guesses cannot grow the cache
         # and a token created a moment ago is usable at once.
         if record is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
@@ -67,6 +68,50 @@ async def test_revocation_reaches_the_daemon_within_the_cache_ttl(
     assert await checker.principal(secret) is None
     clock.now += 5
     assert await checker.principal(secret) is None
+
+
+class CountingSessions:
+    """The store's session factory, counting the sessions (reads) opened."""
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self.sessions, self.opened = sessions, 0
+
+    def __call__(self) -> AsyncSession:
+        self.opened += 1
+        return self.sessions()
+
+
+async def test_an_expired_entry_is_read_once_however_many_requests_carry_it(
+    store: async_sessionmaker[AsyncSession],
+) -> None:
+    clock, counting = Clock(), CountingSessions(store)
+    checker = auth.TokenAuth(enabled=True, ttl_s=1.0, clock=clock)
+    checker.bind(counting)  # type: ignore[arg-type]
+    token_id, secret = await _issue(store, "submit")
+    assert (await checker.principal(secret)) is not None and counting.opened == 1
+    clock.now += 2  # expired: every request below would have read the store
+    found = await asyncio.gather(*(checker.principal(secret) for _ in range(20)))
+    assert all(p is not None and p.token_id == token_id for p in found)
+    assert counting.opened == 2
+
+
+async def test_a_half_old_entry_is_refreshed_in_the_background(
+    store: async_sessionmaker[AsyncSession],
+) -> None:
+    clock, counting = Clock(), CountingSessions(store)
+    checker = auth.TokenAuth(enabled=True, ttl_s=1.0, clock=clock)
+    checker.bind(counting)  # type: ignore[arg-type]
+    token_id, secret = await _issue(store, "submit")
+    await checker.principal(secret)
+    clock.now += 0.6  # past half the TTL: served from the cache, read again behind it
+    assert (await checker.principal(secret)) is not None
+    while checker._lookups:
+        await asyncio.sleep(0)
+    assert counting.opened == 2
+    clock.now += 0.7  # past the first read's TTL, within the refresh's: no request waits
+    principal = await checker.principal(secret)
+    assert principal is not None and principal.token_id == token_id
+    assert counting.opened == 2
 
 
 async def test_a_new_token_works_at_once_and_guesses_are_not_cached(
