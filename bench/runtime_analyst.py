@@ -18,7 +18,11 @@ new; on any other instance it prefills the whole context again (the recompute th
 KV transfer would avoid: migration is charged its worst case). static keeps sessions
 where they started; nalar runs the same three default policies as the router
 workload, and head-of-line migration moves a waiting session (its calls and state) to
-an idle Analyst instance. Latency is a turn's arrival to its summary's end.
+an idle Analyst instance when it expects to wait longer than one mean service time.
+Latency is a turn's arrival to its summary's end. `free_moves` is not a policy but a
+reference, like the router's shared pool: no session is sticky (Analyst calls are
+placed like any other) and its cache hits wherever it runs, as if KV moved at no cost:
+what migration could give if it never paid the recompute.
 """
 
 from __future__ import annotations
@@ -88,9 +92,10 @@ def turns(load: float, window: tuple[float, float] = WINDOW_S) -> list[Turn]:
 
 class AnalystSim(Sim):
     def __init__(self, policy: ControlPolicy, cost: CostModel,
-                 setup: Setup = ANALYST_SETUP) -> None:
+                 setup: Setup = ANALYST_SETUP, free_moves: bool = False) -> None:
         super().__init__(policy, setup)
         self.cost = cost
+        self.free_moves = free_moves  # a session's cache hits wherever its call runs
         self.turns: dict[int, Turn] = {}
         self.left: dict[int, int] = {}
         self.kv: dict[str, tuple[str, int]] = {}  # session -> (instance, tokens cached)
@@ -103,7 +108,7 @@ class AnalystSim(Sim):
         self.turns[t.rid] = t
         self.calls[f"{t.rid}.plan"] = (t.context, PLAN_OUT, t.shared)
         inst = self._call(f"{t.rid}.plan", t, ANALYST)
-        if (t.session, ANALYST) not in self.c.rules.routes:
+        if not self.free_moves and (t.session, ANALYST) not in self.c.rules.routes:
             # the session's state lives where its first call runs: sticky from now on
             self.c.apply([Route(ANALYST, inst, t.session, "sticky session")], self.now)
 
@@ -113,7 +118,7 @@ class AnalystSim(Sim):
         prompt, out, reuse = self.calls.pop(fid)
         session = self.turns[int(fid.split(".")[0])].session
         where, tokens = self.kv.get(session, ("", 0))
-        cached = min(tokens, reuse) if where == instance else 0
+        cached = min(tokens, reuse) if where == instance or self.free_moves else 0
         self.kv[session] = (instance, prompt + out)
         return service_s(self.cost, prompt, out, cached)
 
@@ -132,8 +137,8 @@ class AnalystSim(Sim):
 
 
 def simulate(policy: ControlPolicy, name: str, ts: list[Turn],
-             cost: CostModel) -> dict[str, Any]:
-    sim = AnalystSim(policy, cost)
+             cost: CostModel, free_moves: bool = False) -> dict[str, Any]:
+    sim = AnalystSim(policy, cost, free_moves=free_moves)
     sim.run(((t.arrival, t) for t in ts), len(ts))
     groups = {"follow_up": [t.rid for t in ts if t.shared],
               "first_turn": [t.rid for t in ts if not t.shared]}

@@ -18,6 +18,11 @@ controller running every 0.5 s:
 - each of the three alone (the ablation).
 Bounds, for reading the reductions: the router on one shared pool of the same
 instances (instant, free reassignment), and the analyst's turns without any queueing.
+For the analyst also a reference for what the recompute costs: nalar with KV that
+moves for free (bench/runtime_analyst.py, `free_moves`: no sticky sessions, every cache
+hits). nalar pays a session's whole recompute on each move; the gap between the two is
+that price, and the gap from the reference to the bound is early binding (a call
+queues where it was placed until the next global step moves it).
 For the router also a reference for reassignment itself: `Clairvoyant`
 (bench/runtime_router.py) knows the requests to come, pays the same model load and
 drain, and has floors of one instance per agent (with the bench's min_instances it
@@ -84,6 +89,8 @@ def run_load(workflow: str, load: float, names: list[str], window: tuple[float, 
         arms = policies(runtime_analyst.ANALYST_SETUP.budget)
         for name in names:
             rows.append(runtime_analyst.simulate(arms[name](), name, turns, cost))
+        rows.append(runtime_analyst.simulate(arms["nalar"](), "nalar, free KV moves (reference)",
+                                             turns, cost, free_moves=True))
         rows.append(runtime_analyst.unqueued(turns, cost))
     for r in rows[1:]:
         for key in ("p95_s", "p99_s"):

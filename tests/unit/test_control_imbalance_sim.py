@@ -59,6 +59,27 @@ def test_analyst_turns_all_complete_and_never_beat_the_floor() -> None:
     assert moved["static"] == 0 < moved["nalar"]
 
 
+def test_free_moves_reference_hits_the_cache_wherever_a_session_runs() -> None:
+    """The reference prices no recompute: its sessions spread over instances (no
+    sticky route), yet every turn still meets the floor, and it never beats it."""
+    turns = runtime_analyst.turns(1.2, SHORT)
+    by_rid = {t.rid: t for t in turns}
+    sim = runtime_analyst.AnalystSim(StaticRouting(), COST, free_moves=True)
+    sim.run(((t.arrival, t) for t in turns), len(turns))
+    assert len(sim.latency) == len(turns) and not sim.c.rules.routes
+    for rid, latency in sim.latency.items():
+        assert latency >= runtime_analyst.floor_s(by_rid[rid], COST) - 1e-9
+    t = next(t for t in turns if t.shared)
+    charged = {}
+    for free in (False, True):  # the session's cache is on Analyst#0; the call runs on #1
+        probe = runtime_analyst.AnalystSim(StaticRouting(), COST, free_moves=free)
+        probe.turns[t.rid] = t
+        probe.calls[f"{t.rid}.plan"] = (t.context, 1, t.shared)
+        probe.kv[t.session] = ("Analyst#0", t.context)
+        charged[free] = probe.duration(f"{t.rid}.plan", "Analyst#1")
+    assert charged[True] < charged[False]  # no recompute
+
+
 class _KillThenProvision(ControlPolicy):
     """At its first step: take one Chat instance and give it to Coding."""
 

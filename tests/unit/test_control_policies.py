@@ -85,6 +85,61 @@ def test_head_of_line_migration_moves_the_head_to_an_idle_instance() -> None:
     assert HeadOfLineMigration().decide(c.view(), 3.0) == []  # nobody idle any more
 
 
+def _timed(c: Cluster, instance: str, service_s: float, now: float) -> None:
+    """One call of `service_s` ran and ended on `instance` at `now`: the mean it reports."""
+    fid = f"timed-{instance}-{now}"
+    c.apply([Route("W", instance, fid)], now)
+    c.create(fid, fid, "W", now - service_s)
+    started = c.start_next(instance, now - service_s)
+    assert started is not None and started.future.future_id == fid
+    c.finish(instance, fid, None, True, now)
+    c.apply([Route("W", None, fid)], now)
+
+
+def _sticky_cluster() -> Cluster:
+    """W#0 runs session "long"'s call since t=10; session "s" keeps its state on W#0
+    (a route) and has a call queued there; W#1 is idle. W's calls take 2 s."""
+    c = Cluster({"W": Directives(max_instances=2)})
+    c.add_instance("W")
+    c.add_instance("W")
+    for inst in ("W#0", "W#1"):
+        _timed(c, inst, 2.0, 5.0)
+    c.apply([Route("W", "W#0", "long"), Route("W", "W#0", "s")], 10.0)
+    c.create("l0", "long", "W", 10.0)
+    c.start_next("W#0", 10.0)
+    c.create("s0", "s", "W", 10.5)
+    return c
+
+
+def test_head_of_line_migration_keeps_a_stateful_session_for_a_short_wait() -> None:
+    """Moving a session rebuilds its state at the destination: not worth it to skip
+    less than one mean service time of waiting."""
+    c = _sticky_cluster()
+    assert HeadOfLineMigration().decide(c.view(11.5), 11.5) == []  # ~0.5 s left
+
+
+def test_head_of_line_migration_expects_an_overrunning_call_to_run_on() -> None:
+    """A call that has run past the mean is expected to run about as long again: the
+    session behind it moves, state and all."""
+    c = _sticky_cluster()
+    decisions = HeadOfLineMigration().decide(c.view(14.0), 14.0)  # l0 has run 4 s
+    assert decisions == [Migrate("s", "W#0", "W#1", None, "head-of-line: W#1 is idle")]
+    c.apply(decisions, 14.0)
+    started = c.start_next("W#1", 14.0)
+    assert started is not None and started.future.future_id == "s0"
+    assert c.rules.routes[("s", "W")] == "W#1"  # its state went with it
+
+
+def test_head_of_line_migration_moves_a_free_call_past_a_session_worth_keeping() -> None:
+    """The session due next is not worth its state's rebuild; the call queued behind
+    it, with no state anywhere, moves instead."""
+    c = _sticky_cluster()
+    c.apply([SetPriority("s", 1.0), WeightedRoute("W", ("W#0",), (1.0,))], 10.5)
+    c.create("u0", "u", "W", 10.6)
+    decisions = HeadOfLineMigration().decide(c.view(11.5), 11.5)
+    assert decisions == [Migrate("u", "W#0", "W#1", "u0", "head-of-line: W#1 is idle")]
+
+
 def _backlog(c: Cluster, agent: str, n: int, service_s: float, now: float) -> None:
     """`n` calls of `agent` queued, after one of that agent's calls took `service_s`."""
     inst = c.alive(agent)[0].id
