@@ -30,3 +30,4 @@ def sim_daemon(daemon_factory) -> DaemonProcess:  # type: ignore[no-untyped-def]
 
 
 from tests.docker_fixtures import busybox_image, docker_client, docker_host  # noqa: E402, F401
+from tests.store_fixtures import store_with_writer  # noqa: E402, F401

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from daemon import auth
 from daemon.config import Config
@@ -19,23 +17,14 @@ from daemon.core import Core, new_id
 from daemon.runtime import run_records
 from daemon.runtime import runs as runs_module
 from daemon.runtime.runs import Run, RunController
-from db.engine import make_engine, make_sessionmaker, sqlite_url, upgrade
-from db.writer import BatchWriter
+from tests.store_fixtures import Store
 
 CAP = 8
-Store = tuple[BatchWriter, async_sessionmaker[AsyncSession]]
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    url = sqlite_url(tmp_path / "agentd.db")
-    await upgrade(url)
-    engine = make_engine(url)
-    writer = BatchWriter(engine)
-    writer.start()
-    yield writer, make_sessionmaker(engine)
-    await writer.stop()
-    await engine.dispose()
+def store(store_with_writer: Store) -> Store:
+    return store_with_writer
 
 
 @pytest.fixture

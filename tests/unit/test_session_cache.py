@@ -4,7 +4,6 @@ neither inserted twice nor given another tenant (a real SQLite store)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -19,23 +18,14 @@ from daemon.state import ProgramStatus
 from daemon.tenancy import open_program
 from db import models
 from db import writer as writer_module
-from db.engine import make_engine, make_sessionmaker, sqlite_url, upgrade
-from db.writer import BatchWriter
+from tests.store_fixtures import Store
 
-Store = tuple[BatchWriter, async_sessionmaker[AsyncSession]]
 NOW = 1000.0
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    url = sqlite_url(tmp_path / "agentd.db")
-    await upgrade(url)
-    engine = make_engine(url)
-    writer = BatchWriter(engine)
-    writer.start()
-    yield writer, make_sessionmaker(engine)
-    await writer.stop()
-    await engine.dispose()
+def store(store_with_writer: Store) -> Store:
+    return store_with_writer
 
 
 def _session_row(sid: str, tenant: str = "default") -> dict[str, object]:
