@@ -18,7 +18,9 @@ new; on any other instance it prefills the whole context again (the recompute th
 KV transfer would avoid: migration is charged its worst case). static keeps sessions
 where they started; nalar runs the same three default policies as the router
 workload, and head-of-line migration moves a waiting session (its calls and state) to
-an idle Analyst instance when it expects to wait longer than one mean service time.
+an idle Analyst instance when it expects to wait longer than its recompute would take
+(the session's `state_s`, which this emulation prices from the cost model as the
+prefill of what the session has cached) and than one mean service time.
 Latency is a turn's arrival to its summary's end. `free_moves` is not a policy but a
 reference, like the router's shared pool: no session is sticky (Analyst calls are
 placed like any other) and its cache hits wherever it runs, as if KV moved at no cost:
@@ -120,6 +122,8 @@ class AnalystSim(Sim):
         where, tokens = self.kv.get(session, ("", 0))
         cached = min(tokens, reuse) if where == instance or self.free_moves else 0
         self.kv[session] = (instance, prompt + out)
+        if not self.free_moves:  # what a move would cost the session: its recompute
+            self.c.set_state_cost(session, service_s(self.cost, prompt + out, 0))
         return service_s(self.cost, prompt, out, cached)
 
     def finished(self, fid: str, instance: str) -> None:

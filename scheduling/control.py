@@ -113,12 +113,17 @@ class InstanceView(NamedTuple):
 
 
 class SessionView(NamedTuple):
-    """A session's live calls, summed up: what session-level policies read."""
+    """A session's live calls, summed up: what session-level policies read.
+
+    `state_s`: the host's estimate of rebuilding the session's state on another
+    instance (its KV cache recomputed, say), in seconds; 0 where the host prices none.
+    """
 
     session_id: str
     live: int
     deepest_stage: int
     max_attempt: int
+    state_s: float = 0.0
 
 
 @dataclass(frozen=True)

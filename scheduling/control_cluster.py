@@ -24,6 +24,7 @@ session so that forgetting one reads only its own.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -681,12 +682,27 @@ class Cluster:
             stale.add(t.session)
         self._counted.clear()
 
+    def set_state_cost(self, session_id: str, state_s: float) -> None:
+        """The host's estimate of rebuilding the session's state on another instance
+        (its KV recomputed, say), in seconds: views show it as `SessionView.state_s`
+        while the session has live calls, until it changes or the session is forgotten.
+        ValueError: not a finite number >= 0."""
+        if not math.isfinite(state_s) or state_s < 0:
+            raise ValueError(f"state_s must be a finite number >= 0, got {state_s!r}")
+        tally = self._tally.get(session_id)
+        if tally is None:
+            tally = self._tally[session_id] = _Tally(session_id)
+        if tally.state_s != state_s:
+            tally.state_s = state_s
+            self._stale.add(session_id)
+
     def _session_views(self) -> dict[str, SessionView]:
         self._fold()
         for s in self._stale:
             t = self._tally.get(s)
             if t is not None and t.live:
-                self._sessions[s] = SessionView(s, t.live, max(t.stages), max(t.attempts))
+                self._sessions[s] = SessionView(s, t.live, max(t.stages), max(t.attempts),
+                                                t.state_s)
             else:
                 self._sessions.pop(s, None)
         self._stale.clear()
@@ -741,10 +757,11 @@ def _future(fid: str, session_id: str, agent_type: str, instance: str, now: floa
 class _Tally:
     """Live calls of one session, counted per stage and per attempt."""
 
-    __slots__ = ("attempts", "live", "session", "stages")
+    __slots__ = ("attempts", "live", "session", "stages", "state_s")
 
     def __init__(self, session: str) -> None:
         self.session = session
         self.live = 0
+        self.state_s = 0.0  # set_state_cost's, kept with the tally: forgotten with it
         self.stages: dict[int, int] = {}
         self.attempts: dict[int, int] = {}

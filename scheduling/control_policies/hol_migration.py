@@ -11,13 +11,15 @@ waiting on its sub-agents) would otherwise never have anywhere to move to.
 
 A session with an installed route (state kept on its instance) moves whole, state and
 all, and rebuilds that state at the destination (the analyst's KV recompute), so it
-moves only if it expects to wait longer than one mean service time: the view does not
-price a session's state, and one call's work is the least that built it. Its expected
-wait is the time left of the running calls ahead of it plus the mean per queued call
-ahead; service times are heavy-tailed, so a call that has run past the mean is expected
-to run about as long again. Both seen in bench/runtime_imbalance.py's analyst at load
-1.2: sessions with ~100k tokens of context moved to skip half a second and recomputed
-for ten, and a mean-only estimate leaves a call behind a long prefill where it is.
+moves only if it expects to wait longer than that rebuild takes: the session's
+`state_s` where its host prices it, and at least one mean service time (one call's
+work is the least that built the state; the host may not price it). A call of a
+session without a route moves when it would wait longer than its `state_s` (nothing
+to rebuild: at once). Its expected wait is the time left of the running calls ahead
+of it plus the mean per queued call ahead (estimates.py). Both seen in
+bench/runtime_imbalance.py's analyst at load 1.2: sessions with ~100k tokens of
+context moved to skip half a second and recomputed for ten to seventeen, and a
+mean-only estimate leaves a call behind a long prefill where it is.
 """
 
 from __future__ import annotations
@@ -31,18 +33,12 @@ from scheduling.control import (
     InstanceView,
     migrate,
 )
-
-DEFAULT_SERVICE_S = 1.0  # an agent type nobody has timed yet
+from scheduling.control_policies.estimates import mean_service, running_s
 
 
 def _blocked(view: ControlView, agent: str, now: float) -> list[InstanceView]:
     busy = [i for i in view.instances_of(agent) if i.queued and i.running >= i.slots]
     return sorted(busy, key=lambda i: now if i.oldest_queued_at is None else i.oldest_queued_at)
-
-
-def _mean_service(instances: list[InstanceView]) -> float:
-    timed = [i.mean_service_s for i in instances if i.completed]
-    return sum(timed) / len(timed) if timed else DEFAULT_SERVICE_S
 
 
 class HeadOfLineMigration(ControlPolicy):
@@ -57,7 +53,7 @@ class HeadOfLineMigration(ControlPolicy):
             idle = sorted((i for i in alive if i.idle), key=lambda i: i.waiting)
             if not idle:
                 continue
-            service = _mean_service(alive)
+            service = mean_service(alive)
             picks = (self._head(view, src, agent, service, now)
                      for src in _blocked(view, agent, now))
             movable = [(src, f) for src, f in picks if f is not None]
@@ -75,13 +71,20 @@ class HeadOfLineMigration(ControlPolicy):
         fs = view.futures_at(src.instance_id)
         queued = sorted((f for f in fs if f.status is FutureStatus.QUEUED),
                         key=lambda f: (view.priority(f.session_id, agent), f.seq))
-        running = sum(max(service - (now - f.started_at), now - f.started_at) for f in fs
-                      if f.status is FutureStatus.RUNNING and f.started_at is not None)
+        running = running_s(view, src.instance_id, service, now)
         for k in range(len(queued) - 1, -1, -1):
             f = queued[k]
             ahead = sum(1 for g in queued if (view.priority(g.session_id, agent), -g.seq)
                         > (view.priority(f.session_id, agent), -f.seq))
-            if (f.session_id, agent) not in view.rules.routes or \
-                    (running + ahead * service) / src.slots > service:
+            if _worth_it(view, f, (running + ahead * service) / src.slots, service):
                 return src, f
         return src, None
+
+
+def _worth_it(view: ControlView, f: FutureView, wait: float, service: float) -> bool:
+    """Whether skipping `wait` pays for rebuilding the call's session state elsewhere."""
+    session = view.sessions.get(f.session_id)
+    state_s = session.state_s if session is not None else 0.0
+    if (f.session_id, f.agent_type) in view.rules.routes:
+        return wait > max(service, state_s)
+    return not state_s or wait > state_s

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import pytest
+
 from bench import runtime_analyst, runtime_router
-from bench.runtime_sim import PROVISION_S, Setup
+from bench.runtime_sim import PROVISION_S, Setup, service_s
 from daemon.engines.sim.cost import load_cost_model
 from scheduling.control import ControlDecision, ControlPolicy, ControlView, Kill, Provision
 from scheduling.control_policies import StaticRouting, nalar_default
@@ -78,6 +80,22 @@ def test_free_moves_reference_hits_the_cache_wherever_a_session_runs() -> None:
         probe.kv[t.session] = ("Analyst#0", t.context)
         charged[free] = probe.duration(f"{t.rid}.plan", "Analyst#1")
     assert charged[True] < charged[False]  # no recompute
+
+
+def test_analyst_prices_a_sessions_state_as_its_recompute() -> None:
+    """What a move would cost the session: the prefill of all it has cached, without
+    a cache; nothing with free moves."""
+    t = next(t for t in runtime_analyst.turns(1.2, SHORT) if t.shared)
+    seen = {}
+    for free in (False, True):
+        probe = runtime_analyst.AnalystSim(StaticRouting(), COST, free_moves=free)
+        probe.turns[t.rid] = t
+        probe.calls[f"{t.rid}.plan"] = (t.context, 7, t.shared)
+        probe.duration(f"{t.rid}.plan", "Analyst#1")
+        probe.c.create("probe", t.session, runtime_analyst.ANALYST, 0.0)
+        seen[free] = probe.c.view(0.0).sessions[t.session].state_s
+    assert seen[True] == 0.0
+    assert seen[False] == pytest.approx(service_s(COST, t.context + 7, 0)) and seen[False] > 0
 
 
 class _KillThenProvision(ControlPolicy):

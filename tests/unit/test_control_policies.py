@@ -57,15 +57,74 @@ def test_lpt_puts_retried_sessions_first() -> None:
     assert decisions == [SetPriority("y", 1.0, None, "lpt: retried first")]
 
 
-def test_load_balanced_weights_by_throughput() -> None:
-    inst = (InstanceView("W#0", "W", completed=5, mean_service_s=0.5),
-            InstanceView("W#1", "W", completed=5, mean_service_s=2.0),
+def test_load_balanced_ignores_each_instances_own_mean() -> None:
+    """An instance's mean says which calls it ran, not how fast it is: equal loads,
+    equal weights, whatever the means (a new one included)."""
+    inst = (InstanceView("W#0", "W", completed=5, mean_service_s=0.1),
+            InstanceView("W#1", "W", completed=5, mean_service_s=10.0),
             InstanceView("W#2", "W"))
     view = ControlView((), inst, {"W": Directives(max_instances=3)})
     [d] = LoadBalanced().decide(view, 0.0)
     assert isinstance(d, WeightedRoute)
-    assert d.instances == ("W#0", "W#1", "W#2")
-    assert d.weights == (1.0, 0.2, 0.6)  # the new one counts as average
+    assert d.instances == ("W#0", "W#1", "W#2") and d.weights == (1.0, 1.0, 1.0)
+
+
+def _three_running(now: float, ran: tuple[float, float, float]) -> Cluster:
+    """W#0..2, W#0 timed at 0.1 s a call and the others at 10 s (the type's mean is
+    ~6.7 s); each runs one call, started `ran` seconds before `now`."""
+    c = Cluster({"W": Directives(max_instances=3)})
+    for _ in range(3):
+        c.add_instance("W")
+    for inst, service in (("W#0", 0.1), ("W#1", 10.0), ("W#2", 10.0)):
+        _timed(c, inst, service, 1.0 + service)
+    for k, r in enumerate(ran):
+        inst = f"W#{k}"
+        c.apply([Route("W", inst, f"busy{k}")], now)
+        c.create(f"busy{k}", f"busy{k}", "W", now - r)
+        c.start_next(inst, now - r)
+        c.apply([Route("W", None, f"busy{k}")], now)
+    return c
+
+
+def _place_sessions(c: Cluster, n: int, now: float) -> dict[str, int]:
+    c.apply(LoadBalanced().decide(c.view(now), now), now)
+    placed: dict[str, int] = {}
+    for k in range(n):
+        inst = c.create(f"new{k}", f"new{k}", "W", now)
+        placed[inst] = placed.get(inst, 0) + 1
+    return placed
+
+
+def test_load_balanced_spreads_a_burst_of_new_sessions() -> None:
+    """The weights of an instance that just ran short calls used to be ten times the
+    others', and a step's new sessions piled onto it: now they spread."""
+    c = _three_running(30.0, (0.0, 0.0, 0.0))
+    assert _place_sessions(c, 9, 30.0) == {"W#0": 3, "W#1": 3, "W#2": 3}
+
+
+def test_load_balanced_counts_an_overrunning_call_as_more_work() -> None:
+    """W#0's call has run three times the type's mean: expected to run as long again,
+    so new calls go to the others first."""
+    c = _three_running(50.0, (20.0, 0.0, 0.0))
+    [d] = LoadBalanced().decide(c.view(50.0), 50.0)
+    assert isinstance(d, WeightedRoute)
+    weights = dict(zip(d.instances, d.weights, strict=True))
+    assert weights["W#0"] < weights["W#1"] == weights["W#2"] == 1.0
+    placed = _place_sessions(c, 6, 50.0)
+    assert placed.get("W#0", 0) < min(placed["W#1"], placed["W#2"])
+
+
+def test_load_balanced_lists_the_least_utilised_first() -> None:
+    """Placement takes the first of equal costs: the idle instance that has been busy
+    least lately, not always the first one (where sticky sessions would gather)."""
+    inst = (InstanceView("W#0", "W", utilisation=0.9),
+            InstanceView("W#1", "W", utilisation=0.1),
+            InstanceView("W#2", "W", utilisation=0.5))
+    view = ControlView((), inst, {"W": Directives(max_instances=3)})
+    [d] = LoadBalanced().decide(view, 0.0)
+    assert isinstance(d, WeightedRoute)
+    assert d.instances == ("W#1", "W#2", "W#0")
+    assert d.weights[0] == 1.0 > d.weights[1] > d.weights[2]
 
 
 def test_head_of_line_migration_moves_the_head_to_an_idle_instance() -> None:
@@ -128,6 +187,33 @@ def test_head_of_line_migration_expects_an_overrunning_call_to_run_on() -> None:
     started = c.start_next("W#1", 14.0)
     assert started is not None and started.future.future_id == "s0"
     assert c.rules.routes[("s", "W")] == "W#1"  # its state went with it
+
+
+def test_head_of_line_migration_weighs_the_wait_against_the_sessions_state_cost() -> None:
+    """The same ~4 s wait (W#1 idle) moves session "s" whose state rebuilds in 3 s,
+    and not one whose state takes 10 s to rebuild."""
+    for state_s, moves in ((3.0, True), (10.0, False)):
+        c = _sticky_cluster()
+        c.set_state_cost("s", state_s)
+        view = c.view(14.0)
+        assert view.sessions["s"].state_s == state_s
+        decisions = HeadOfLineMigration().decide(view, 14.0)
+        assert decisions == ([Migrate("s", "W#0", "W#1", None, "head-of-line: W#1 is idle")]
+                             if moves else [])
+
+
+def test_head_of_line_migration_prices_the_state_of_a_session_without_a_route() -> None:
+    """A call whose session has no route moves for any wait, unless its host prices
+    a state it would rebuild: then only for a longer wait than that."""
+    c = _sticky_cluster()
+    c.apply([WeightedRoute("W", ("W#0",), (1.0,))], 10.5)
+    c.create("u0", "u", "W", 10.6)  # behind s0: expected wait ~6 s at t=14
+    c.set_state_cost("s", 100.0)
+    c.set_state_cost("u", 8.0)
+    assert HeadOfLineMigration().decide(c.view(14.0), 14.0) == []
+    c.set_state_cost("u", 5.0)
+    assert HeadOfLineMigration().decide(c.view(14.0), 14.0) == [
+        Migrate("u", "W#0", "W#1", "u0", "head-of-line: W#1 is idle")]
 
 
 def test_head_of_line_migration_moves_a_free_call_past_a_session_worth_keeping() -> None:
