@@ -43,7 +43,11 @@ def loop_hold(swaps: list[dict[str, Any]], call: str) -> dict[str, Any]:
             "wall_less_gc_ms": summary(wall), "cpu_less_gc_ms": summary(cpu),
             "over_10ms_wall_less_gc": sum(v > STALL_TARGET_MS for v in wall),
             "over_10ms_cpu_less_gc": sum(v > STALL_TARGET_MS for v in cpu),
-            "steps_per_call": summary([h["steps"] for h in holds], 0)}
+            "steps_per_call": summary([h["steps"] for h in holds], 0),
+            # where the CPU-longest of these calls held the loop (the daemon names the two
+            # awaits around its longest step)
+            "worst_step": max(holds, key=lambda h: h["cpu_less_gc_ms"],
+                              default={}).get("cpu_longest_step")}
 
 
 def tick_summary(run: dict[str, Any]) -> dict[str, Any]:

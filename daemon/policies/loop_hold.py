@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Coroutine, Generator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from daemon.policies.clock import cpu_time, wall_time
@@ -33,17 +34,25 @@ class Hold:
     wall_s: float = 0.0
     wall_less_gc_s: float = 0.0
     cpu_less_gc_s: float = 0.0
+    # The CPU-longest step ran from the suspension point `cpu_step[0]` to `cpu_step[1]`
+    # (file:line of the innermost awaiting frame; "start" / "end" at the call's edges).
+    cpu_step: tuple[str, str] = ("start", "end")
 
-    def add(self, wall: float, wall_less_gc: float, cpu_less_gc: float) -> None:
+    def add(self, wall: float, wall_less_gc: float, cpu_less_gc: float,
+            step: tuple[str, str] | None = None) -> None:
         self.steps += 1
         self.wall_s = max(self.wall_s, wall)
         self.wall_less_gc_s = max(self.wall_less_gc_s, wall_less_gc)
-        self.cpu_less_gc_s = max(self.cpu_less_gc_s, cpu_less_gc)
+        if cpu_less_gc > self.cpu_less_gc_s:
+            self.cpu_less_gc_s = cpu_less_gc
+            if step is not None:
+                self.cpu_step = step
 
     def to_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "wall_ms": _ms(self.wall_s),
                 "wall_less_gc_ms": _ms(self.wall_less_gc_s),
-                "cpu_less_gc_ms": _ms(self.cpu_less_gc_s)}
+                "cpu_less_gc_ms": _ms(self.cpu_less_gc_s),
+                "cpu_longest_step": f"{self.cpu_step[0]} -> {self.cpu_step[1]}"}
 
 
 def _ms(seconds: float) -> float:
@@ -55,14 +64,19 @@ class _Stepped:
 
     def __init__(self, coro: Coroutine[Any, Any, Any], hold: Hold) -> None:
         self.coro, self.hold = coro, hold
+        self.at = "start"
 
     def _step(self, value: Any, error: BaseException | None) -> Any:
         marks = (time.perf_counter(), wall_time(), cpu_time())
+        ended = "end"
         try:
-            return self.coro.throw(error) if error is not None else self.coro.send(value)
+            out = self.coro.throw(error) if error is not None else self.coro.send(value)
+            ended = _suspended_at(self.coro)
+            return out
         finally:
             self.hold.add(time.perf_counter() - marks[0], wall_time() - marks[1],
-                          cpu_time() - marks[2])
+                          cpu_time() - marks[2], (self.at, ended))
+            self.at = ended
 
     def __await__(self) -> Generator[Any, Any, Any]:
         value: Any = None
@@ -78,6 +92,24 @@ class _Stepped:
                 value, error = None, exc
 
 
+_OURS = str(Path(__file__).resolve().parents[2])
+
+
+def _suspended_at(coro: Any) -> str:
+    """Where a suspended coroutine waits: the innermost frame of this repository's code
+    down its await chain (below it, the library's: SQLAlchemy, asyncio)."""
+    where, obj = "?", coro
+    while obj is not None:
+        frame = getattr(obj, "cr_frame", None) or getattr(obj, "gi_frame", None)
+        if frame is None:
+            break
+        name = frame.f_code.co_filename
+        if name.startswith(_OURS) and "/.venv/" not in name:
+            where = f"{name[len(_OURS) + 1:]}:{frame.f_lineno}"
+        obj = getattr(obj, "cr_await", None) or getattr(obj, "gi_yieldfrom", None)
+    return where
+
+
 async def held(coro: Coroutine[Any, Any, T]) -> tuple[T, Hold]:
     """Await `coro`; its value and the longest stretch it held the loop."""
     hold = Hold()
@@ -89,6 +121,7 @@ async def with_hold(what: str, coro: Coroutine[Any, Any, dict[str, Any]]) -> dic
     """`coro`'s answer with its `loop_hold`; a hold over the budget is logged."""
     answer, hold = await held(coro)
     if hold.cpu_less_gc_s > LOOP_HOLD_BUDGET_S:
-        log.warning("%s held the event loop for %.1f ms of CPU (budget %.0f ms)", what,
-                    hold.cpu_less_gc_s * 1000, LOOP_HOLD_BUDGET_S * 1000)
+        log.warning("%s held the event loop for %.1f ms of CPU (budget %.0f ms), from %s "
+                    "to %s", what, hold.cpu_less_gc_s * 1000, LOOP_HOLD_BUDGET_S * 1000,
+                    *hold.cpu_step)
     return {**answer, "loop_hold": hold.to_dict()}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -152,3 +153,25 @@ def test_a_frozen_copy_keeps_its_views_while_the_builder_moves_on() -> None:
     views.on_sample(now + 1, "w-0", 9, 0.9)
     assert (copy.long_view(now), copy.short_view(now)) == before
     assert views.long_view(now + 30) != copy.long_view(now + 30)
+
+
+async def test_the_longest_step_names_the_awaits_around_it() -> None:
+    def spin(seconds: float) -> None:
+        end = cpu_time() + seconds
+        while cpu_time() < end:
+            pass
+
+    async def call() -> None:
+        await asyncio.sleep(0)  # FIRST
+        spin(0.02)
+        await asyncio.sleep(0)  # SECOND
+        spin(0.001)
+
+    _, hold = await held(call())
+    lines = Path(__file__).read_text().splitlines()
+    first, second = (next(i + 1 for i, line in enumerate(lines) if line.endswith(tag))
+                     for tag in ("# FIRST", "# SECOND"))
+    assert hold.cpu_less_gc_s >= 0.02
+    assert hold.cpu_step == (f"tests/unit/test_policy_loop_hold.py:{first}",
+                             f"tests/unit/test_policy_loop_hold.py:{second}")
+    assert hold.to_dict()["cpu_longest_step"].endswith(f":{second}")
