@@ -16,7 +16,9 @@ instances hold the run's capacity waits in the cluster's waiting room
 (scheduling/control_waiting.py; a `future.waiting` event) until a kill or a provision
 makes room, for at most `Runtime.resource_wait_s` once it is ready; then it fails with
 a ResourceError naming the agent, the resource, what it needs and what is free (a
-watcher thread, alive only while calls wait, ends the waits that run out).
+watcher thread, alive only while calls wait, ends the waits that run out); a waiting
+call whose dependency fails gets its DependencyError at once. Waiting calls are in
+the global view with no executor, so the daemon's policy can make room for them.
 Decisions from the daemon's global controller
 (route, set_priority, migrate, kill, provision) are installed with `apply`; the
 cluster's placement / start / migration facts become runtime events.
@@ -184,12 +186,31 @@ class ControlHost:
             time.sleep(min(WAIT_POLL_S, max(0.01, pause)))
 
     def _pump(self) -> None:
-        """Hand every call a free instance can start to the pool (lock held)."""
+        """Fail the waiting calls a failed dependency ended, then hand every call a free
+        instance can start to the pool (lock held)."""
+        self._fail_waiting()
         now = time.time()
         for inst in self.cluster.startable():
             while (started := self.cluster.start_next(inst, now)) is not None:
                 self.runtime.pool.submit(self._run, inst, started.future, self._take_slot(inst))
         self._flush()
+
+    def _fail_waiting(self) -> None:
+        """Fail the waiting calls the cluster ended because a dependency failed, in
+        order (one may be the failed dependency of the next). `execute` given only the
+        failed dependency raises the DependencyError a placed call would, without
+        calling anything."""
+        for fid, dep in self.cluster.take_dependency_failures():
+            call = self.calls.pop(fid, None)
+            if call is None:
+                continue
+            failed = [d for d in call.deps if d.id == dep]
+            where = f"{call.agent_type} (not placed)"
+            if failed and failed[0].available():
+                self.runtime.execute(call.future, failed, where, _never_called, None, (), {})
+            else:  # `execute` would block on it under the lock: fail it plainly instead
+                self.runtime.fail(call.future, RuntimeError(
+                    f"{fid} did not run: its dependency {dep} failed"), where)
 
     def _take_slot(self, inst: str) -> int:
         used = self._slots.setdefault(inst, set())
@@ -265,6 +286,10 @@ class ControlHost:
         for e in self.cluster.take_events():
             kind = e.pop("event")
             self.runtime.emit(kind, **e)
+
+
+def _never_called() -> None:
+    raise AssertionError("a call with a failed dependency ran")
 
 
 def _call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:

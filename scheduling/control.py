@@ -55,7 +55,7 @@ class FutureView(NamedTuple):
     future_id: str
     session_id: str
     agent_type: str
-    executor: str | None
+    executor: str | None  # None: waiting for room for an instance of its type
     status: FutureStatus
     created_at: float
     seq: int = 0
@@ -214,13 +214,21 @@ class ControlView:
         return total(self.directives(i.agent_type).resources for i in self.instances
                      if i.provisioned and self.pool_of(i.agent_type) == pool)
 
-    def futures_at(self, instance_id: str) -> list[FutureView]:
+    def futures_at(self, instance_id: str | None) -> list[FutureView]:
         if self._at is None:
             at: dict[str | None, list[FutureView]] = {}
             for f in self.futures:
                 at.setdefault(f.executor, []).append(f)
             self._at = at
         return self._at.get(instance_id, [])
+
+    def waiting_for_room(self) -> dict[str, list[FutureView]]:
+        """Per agent type, its calls that wait for room for an instance (no executor
+        yet: control_waiting.py), oldest first; demand no instance's load shows."""
+        by: dict[str, list[FutureView]] = {}
+        for f in sorted(self.futures_at(None), key=lambda f: (f.created_at, f.seq)):
+            by.setdefault(f.agent_type, []).append(f)
+        return by
 
     def by_session(self) -> dict[str, list[FutureView]]:
         """Live futures by session."""

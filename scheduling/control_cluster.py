@@ -15,6 +15,8 @@ are), and a kill gives the reservation back. A batchable agent's instances run u
 `max_batch` calls at once (their slots); others one. With a `resource_wait_s`, a call
 to a type with no live instance and no room for one waits in the waiting room
 (control_waiting.py) until room frees, or fails after that long; without, it is refused.
+Room goes to waiting calls first come first served across types; a waiting call whose
+dependency failed fails at once; views show waiting calls with no executor.
 
 Per call the work is a fixed number of dict operations and one heap operation,
 whatever the number of live calls: least-loaded comes from a load index kept as calls
@@ -107,6 +109,7 @@ class Cluster:
             name: LocalController(name, "", self.rules, executes=False)
             for name in (DRIVER, EXTERNAL)}
         self.room: WaitingRoom | None = None
+        self._dependency_failed: list[tuple[str, str]] = []  # (waiting call, failed dependency)
         if resource_wait_s is not None and resource_wait_s > 0:
             self.room = WaitingRoom(self.rules, resource_wait_s)
             self.controllers[WAITING_ROOM] = self.room.hold
@@ -224,15 +227,16 @@ class Cluster:
     def place(self, agent_type: str, session_id: str) -> tuple[str, str]:
         return self._place(agent_type, session_id, self.agents[agent_type])
 
-    def _place(self, agent_type: str, session_id: str,
-               directives: Directives) -> tuple[str, str]:
+    def _place(self, agent_type: str, session_id: str, directives: Directives,
+               grow: bool = True) -> tuple[str, str]:
+        """`grow` False: on an instance there is, never on a new one."""
         rules = self.rules
         if directives.stateful:
             key = (session_id, agent_type)
             pinned = rules.pins.get(key)
             if pinned is not None and self._usable(pinned):
                 return pinned, "stateful session pin"
-            chosen = self._least_loaded(agent_type, directives)
+            chosen = self._least_loaded(agent_type, directives, grow)
             rules.pin(session_id, agent_type, chosen)
             return chosen, "stateful: pinned to the least loaded"
         if rules.routes:
@@ -243,19 +247,22 @@ class Cluster:
             weighted = rules.weighted(agent_type, self._usable, self._load)
             if weighted is not None:
                 return weighted, "weighted route"
-        return self._least_loaded(agent_type, directives), "least loaded"
+        return self._least_loaded(agent_type, directives, grow), "least loaded"
 
-    def _least_loaded(self, agent_type: str, directives: Directives) -> str:
+    def _least_loaded(self, agent_type: str, directives: Directives, grow: bool = True) -> str:
         index = self._index.get(agent_type)
         least = index.least() if index is not None else None
-        if least is None or (least[1] > 0 and self.grow_on_demand
-                             and len(index or ()) < directives.max_instances):
+        if grow and (least is None or (least[1] > 0 and self.grow_on_demand
+                                       and len(index or ()) < directives.max_instances)):
             problem = self.room_for(agent_type)
             if problem is None:
                 return self.add_instance(agent_type, reason="on demand").id
             if least is None:
                 raise NoCapacity(f"no live instance of {agent_type} and none can start: "
                                  f"{problem}")
+        if least is None:
+            raise NoCapacity(f"no live instance of {agent_type}, and calls of other agents "
+                             f"have waited longer for room")
         return least[0]
 
     def create(self, fid: str, session_id: str, agent_type: str, now: float, *,
@@ -298,7 +305,7 @@ class Cluster:
             tally = self._tally[session_id] = _Tally(session_id)
         self._count(tally, stage, attempt, 1)
         if instance == WAITING_ROOM:
-            self._park(fid, session_id, agent_type)
+            self._park(fid, session_id, agent_type, self._seq)
         elif self.record_events:
             self._event("future.placed", id=fid, session_id=session_id, agent_type=agent_type,
                         instance=instance, reason=reason, stage=stage, attempt=attempt)
@@ -308,7 +315,7 @@ class Cluster:
                 # the Submit message, handed over directly: nothing is in flight ahead of it
                 out = c.submit(view, (), now)
                 if out or c.refused or c.state_ is not InstanceState.ACTIVE:
-                    self._settle(c, out, Submit(instance, view, ()))
+                    self._settle(c, out, Submit(instance, view, ()), now)
                     self.pump(now)
             else:
                 self.send((Submit(instance, view, ()),), now)
@@ -345,52 +352,68 @@ class Cluster:
     def _place_or_wait(self, agent_type: str, session_id: str, directives: Directives,
                        now: float) -> tuple[str, str]:
         """`_place`, or the waiting room when the type has no instance and no room for
-        one, but one could fit the capacity; the type's earlier waiting calls go first.
+        one, but one could fit the capacity. Calls already waiting go first: the
+        type's own, and any other type's for room (a new instance waits for them).
         NoCapacity: one instance never fits."""
         room = self.room
         assert room is not None
-        if room.queued(agent_type):
-            self.unpark(now, agent_type)
+        if not room.empty():
+            self.unpark(now)
             if room.queued(agent_type):
                 return WAITING_ROOM, "behind earlier calls waiting for resources"
         try:
-            return self._place(agent_type, session_id, directives)
+            return self._place(agent_type, session_id, directives, grow=room.empty())
         except NoCapacity:
             if self.capacity is None or never_fits(agent_type, directives.resources,
                                                    self.capacity) is not None:
                 raise
             return WAITING_ROOM, "waiting for resources"
 
-    def _park(self, fid: str, session_id: str, agent_type: str) -> None:
+    def _park(self, fid: str, session_id: str, agent_type: str, seq: int) -> None:
         assert self.room is not None and self.capacity is not None
-        self.room.park(agent_type, fid)
+        ahead = [t for t in self.room.types() if t != agent_type]
+        self.room.park(agent_type, seq, fid)
         need = self.agents[agent_type].resources
-        short = short_of(need, self.reserved, self.capacity)
+        fields = _short_fields(agent_type, short_of(need, self.reserved, self.capacity))
+        if fields["resource"] is None and ahead:
+            fields["reason"] = (f"{agent_type}'s instance fits, but calls of "
+                                f"{', '.join(ahead)} have waited longer for room")
         self._event("future.waiting", id=fid, session_id=session_id, agent_type=agent_type,
-                    wait_s=self.room.wait_s, **_short_fields(agent_type, short))
+                    wait_s=self.room.wait_s, **fields)
 
-    def unpark(self, now: float, only: str | None = None) -> None:
-        """Place the waiting calls that now have room, oldest first per agent type."""
+    def unpark(self, now: float) -> None:
+        """Place the waiting calls that now have room, oldest first across types. Once
+        one finds no room, the younger calls of other types go only where their type
+        has an instance: room goes first come first served."""
         room = self.room
         if room is None:
             return
-        for agent_type in [only] if only is not None else room.types():
+        blocked: set[str] = set()
+        while (agent_type := room.next_type(blocked)) is not None:
+            view = room.head(agent_type)  # None: its Submit is on its way; it keeps its turn
             directives = self.agents[agent_type]
-            while (view := room.head(agent_type)) is not None:
-                try:
-                    target, how = self._place(agent_type, view.session_id, directives)
-                except NoCapacity:
-                    break
-                room.leave(agent_type)
-                if directives.stateful:
-                    room.set_turn(view.future_id,
-                                  _bump(self._turns, view.session_id, agent_type))
-                self._event("future.placed", id=view.future_id, session_id=view.session_id,
-                            agent_type=agent_type, instance=target,
-                            reason=f"{how}, after {now - view.created_at:.1f} s waiting "
-                                   f"for resources",
-                            stage=view.stage, attempt=view.attempt)
-                self.send((MigrateRequest(WAITING_ROOM, view.future_id, target),), now)
+            placed = None if view is None else \
+                self._try_place(agent_type, view.session_id, directives, grow=not blocked)
+            if view is None or placed is None:
+                blocked.add(agent_type)
+                continue
+            target, how = placed
+            room.leave(agent_type)
+            if directives.stateful:
+                room.set_turn(view.future_id, _bump(self._turns, view.session_id, agent_type))
+            self._event("future.placed", id=view.future_id, session_id=view.session_id,
+                        agent_type=agent_type, instance=target,
+                        reason=f"{how}, after {now - view.created_at:.1f} s waiting "
+                               f"for resources",
+                        stage=view.stage, attempt=view.attempt)
+            self.send((MigrateRequest(WAITING_ROOM, view.future_id, target),), now)
+
+    def _try_place(self, agent_type: str, session_id: str, directives: Directives,
+                   grow: bool) -> tuple[str, str] | None:
+        try:
+            return self._place(agent_type, session_id, directives, grow)
+        except NoCapacity:
+            return None
 
     def expire(self, now: float) -> list[tuple[str, str]]:
         """End the waits that ran out: each call ready for `resource_wait_s` with still
@@ -400,7 +423,8 @@ class Cluster:
         if room is None:
             return []
         self.unpark(now)
-        for agent_type, view in room.due(now):
+        due = room.due(now)
+        for agent_type, view in due:
             short = short_of(self.agents[agent_type].resources, self.reserved,
                              self.capacity or {})
             fields = _short_fields(agent_type, short)
@@ -418,6 +442,32 @@ class Cluster:
                 fid = started.future.future_id
                 self.finish(sink.id, fid, None, False, now)
                 failed.append((fid, room.expiring.pop(fid)))
+        if due:
+            self.unpark(now)  # the calls that held the room back are gone
+        return failed
+
+    def _failed_waiting(self, now: float) -> None:
+        """Calls the room ended at once, their dependency failed (control_waiting.py):
+        out of the queues and the tallies, into `take_dependency_failures`."""
+        room = self.room
+        assert room is not None
+        for view, dep in room.hold.failed:
+            room.drop(view.agent_type, view.future_id)
+            meta = self._meta.get(view.future_id)
+            tally = self._tally.get(view.session_id)
+            if meta is not None and tally is not None:
+                self._count(tally, meta.stage, meta.attempt, -1)
+            self._event("future.dependency_failed", id=view.future_id,
+                        session_id=view.session_id, agent_type=view.agent_type,
+                        dependency=dep, reason="failed while waiting for resources")
+            self._dependency_failed.append((view.future_id, dep))
+        room.hold.failed.clear()
+        self.unpark(now)  # one of them may have held the room back
+
+    def take_dependency_failures(self) -> list[tuple[str, str]]:
+        """(call, its failed dependency) for each waiting call failed since the last
+        take: the host fails each as it fails a call that ran with a failed dependency."""
+        failed, self._dependency_failed = self._dependency_failed, []
         return failed
 
     def waiting(self) -> int:
@@ -480,11 +530,11 @@ class Cluster:
         out = c.handle(m, now)
         if not out and not c.refused and c.state_ is InstanceState.ACTIVE:
             return  # the common case, kept short: nothing to log, forward or reap
-        self._settle(c, out, m)
+        self._settle(c, out, m, now)
 
-    def _settle(self, c: LocalController, out: list[Message], m: Message) -> None:
+    def _settle(self, c: LocalController, out: list[Message], m: Message, now: float) -> None:
         """After `c` handled `m`: log migrations and refusals, pass on what a killed
-        instance was sent, queue `out`."""
+        instance was sent, queue `out`, end the waits of calls whose dependency failed."""
         for o in out:
             if isinstance(o, Transfer):
                 self._visit(o.future.session_id, o.to)
@@ -501,6 +551,8 @@ class Cluster:
             out.append(MigrateRequest(c.id, m.future.future_id, target))
         self.outbox.extend(out)
         self._reap(c)
+        if self.room is not None and c is self.room.hold and self.room.hold.failed:
+            self._failed_waiting(now)
 
     def deliver_at(self, index: int, now: float) -> None:
         """Deliver the index-th message in flight (tests: any delivery order)."""
@@ -614,8 +666,11 @@ class Cluster:
     # --- views --------------------------------------------------------------------------
 
     def view(self, now: float | None = None) -> ControlView:
+        """Every live call, those waiting for room with no executor."""
         futures: list[FutureView] = []
         instances = [c.snapshot(futures, now) for cs in self.by_type.values() for c in cs]
+        if self.room is not None:
+            futures += self.room.waiting()
         return ControlView(futures, instances, self.agents, self.rules.snapshot(),
                            self._session_views().values(), self._capacity())
 

@@ -247,7 +247,8 @@ class LocalController:
         fields = list(v)
         fields[_STATUS], fields[_QUEUED_AT] = QUEUED, now
         v = h.view = tuple.__new__(FutureView, fields)
-        self._arrivals.append((now, v.future_id))
+        if self.executes:  # `_oldest_queued` pops these, and only an executor's snapshot reads it
+            self._arrivals.append((now, v.future_id))
         if self.stateful and v.turn is not None:
             self._push_in_turn(h)
         else:
@@ -267,10 +268,12 @@ class LocalController:
     def _push(self, h: _Held) -> None:
         v = h.view
         h.version += 1
-        rules = self.rules
-        prio = rules.priority(v.session_id, v.agent_type) if rules.agent_priorities else \
-            rules.priorities.get(v.session_id, 0.0)
-        heapq.heappush(self._queue, (-prio, v.seq, h.version, v.future_id))
+        if self.executes:  # only `start_next` pops entries: a controller that never runs
+            # its calls (the waiting room) would keep one per call it ever held
+            rules = self.rules
+            prio = rules.priority(v.session_id, v.agent_type) if rules.agent_priorities else \
+                rules.priorities.get(v.session_id, 0.0)
+            heapq.heappush(self._queue, (-prio, v.seq, h.version, v.future_id))
         if not h.queued:
             h.queued = True
             self._n_queued += 1
@@ -331,16 +334,10 @@ class LocalController:
         if fid not in self.running:
             raise ValueError(f"{fid} is not running on {self.id}")
         self._decay(now)
-        h = self.held.pop(fid)
-        if self.index is not None:
-            self.index.set(self.id, len(self.held))
         self.running.discard(fid)
+        h = self.held[fid]
         v = h.view
-        self.done[fid] = _Done(value, ok, h.consumers, h.notes)
-        self._record(v.session_id, fid)
-        out: list[Message] = [Value(loc, fid, c, value, ok, hop)
-                              for c, (loc, hop) in h.consumers.items()]
-        out.append(Value(v.creator, fid, None, value, ok))
+        out = self._close(h, value, ok)
         self.completed += 1
         if v.started_at is not None:  # the first sample sets the mean, not a fifth of it
             weight = EWMA if self.completed > 1 else 1.0
@@ -352,6 +349,21 @@ class LocalController:
         departed = self._departed.get(key) if self._departed else None
         if departed is not None and departed[1] and not self._running_of[key]:
             out.append(self._send_state(key, departed[0]))
+        return out
+
+    def _close(self, h: _Held, value: object, ok: bool) -> list[Message]:
+        """The call is over here: keep its value for late consumers, push it to the
+        consumers and the creator."""
+        v = h.view
+        fid = v.future_id
+        del self.held[fid]
+        if self.index is not None:
+            self.index.set(self.id, len(self.held))
+        self.done[fid] = _Done(value, ok, h.consumers, h.notes)
+        self._record(v.session_id, fid)
+        out: list[Message] = [Value(loc, fid, c, value, ok, hop)
+                              for c, (loc, hop) in h.consumers.items()]
+        out.append(Value(v.creator, fid, None, value, ok))
         return out
 
     def _advance_turn(self, key: SessionKey, turn: int) -> None:

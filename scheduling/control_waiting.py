@@ -6,14 +6,19 @@ type could fit the capacity at all; one that never could is refused at once. The
 is a local controller that never runs its calls, so a waiting call gets its
 dependencies' values and its consumers' registrations like a placed call, and leaves
 by the migration protocol (control_local.py) once its type has an instance: the host
-(control_cluster.py) places the calls of a type first come first placed when room
-may have freed (a kill gives a reservation back; a provision or an activation adds an
-instance). Types do not wait behind each other: a call of a small type may take room
-that a larger type's older call could not use.
+(control_cluster.py) places the calls when room may have freed (a kill gives a
+reservation back; a provision or an activation adds an instance).
+
+Room goes first come first served across types: while a call waits, no younger call of
+another type takes room for a new instance (it may still use an instance its type has),
+so a small type cannot keep taking room that an older, larger call waits for. Every
+waiting call can fit the capacity alone, so the room it waits for comes once enough is
+killed, or its wait ends: the bound on how long it holds younger calls back.
 
 The wait is bounded: a call ready to run (every dependency value in) for `wait_s`
 with still no room moves to its type's unplaced controller (`unplaced(type)`), which
 fails it, so that its consumers and creator get the failure the way they get any other.
+A call whose dependency failed does not wait for room to fail: it fails here at once.
 One per type: a controller keys a session's records by its own agent type.
 """
 
@@ -21,8 +26,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from scheduling.control import FutureStatus, FutureView
+from scheduling.control import MOVABLE, FutureStatus, FutureView
 from scheduling.control_local import LocalController
+from scheduling.control_messages import Message, MigrateRequest, Value
 from scheduling.control_rules import RuleTable
 
 WAITING_ROOM = "waiting-for-resources"
@@ -34,13 +40,43 @@ def unplaced(agent_type: str) -> str:
 _SLOTS = 1 << 30  # the unplaced controller fails every call it holds at once
 
 
+class _Hold(LocalController):
+    """The room's controller. A call here whose dependency failed ends failed at once
+    (its consumers and creator hear it as from any failed call): room it got later
+    would only serve to fail it, and its consumers would wait for that meanwhile."""
+
+    def __init__(self, rules: RuleTable) -> None:
+        super().__init__(WAITING_ROOM, "", rules, executes=False)
+        self.failed: list[tuple[FutureView, str]] = []  # (call, its failed dependency)
+        # calls placed or expired whose move is not here yet: they fail where they go
+        self.leaving: set[str] = set()
+
+    def _migrate_request(self, m: MigrateRequest, now: float) -> list[Message]:
+        self.leaving.discard(m.future_id)
+        return super()._migrate_request(m, now)
+
+    def _value(self, m: Value, now: float) -> list[Message]:
+        h = self.held.get(m.consumer) if m.consumer is not None else None
+        if h is None:
+            if m.consumer is not None and m.consumer in self.done:
+                return []  # it failed early: its other dependencies' values have no use
+            return super()._value(m, now)
+        out = super()._value(m, now)
+        if not m.ok and h.view.status in MOVABLE and m.consumer not in self.leaving:
+            self._unqueue(h)
+            self.failed.append((h.view, m.dep))
+            out += self._close(h, None, False)
+        return out
+
+
 class WaitingRoom:
     def __init__(self, rules: RuleTable, wait_s: float) -> None:
         self.wait_s = wait_s
-        self.hold = LocalController(WAITING_ROOM, "", rules, executes=False)
+        self.hold = _Hold(rules)
         self.rules = rules
         self.sinks: dict[str, LocalController] = {}
-        self._queues: dict[str, deque[str]] = {}  # agent type -> its calls, oldest first
+        # agent type -> its calls as (creation order, call), oldest first
+        self._queues: dict[str, deque[tuple[int, str]]] = {}
         self.expiring: dict[str, str] = {}  # call on its way to be failed -> why
 
     def __len__(self) -> int:
@@ -54,28 +90,47 @@ class WaitingRoom:
                                                          self.rules, slots=_SLOTS)
         return c
 
-    def park(self, agent_type: str, fid: str) -> None:
-        self._queues.setdefault(agent_type, deque()).append(fid)
+    def park(self, agent_type: str, seq: int, fid: str) -> None:
+        """`seq`: the call's creation order, which orders room across types."""
+        self._queues.setdefault(agent_type, deque()).append((seq, fid))
+
+    def empty(self) -> bool:
+        """No call waits for room (calls on their way to fail do not count)."""
+        return not self._queues
 
     def queued(self, agent_type: str) -> bool:
         return agent_type in self._queues
 
     def types(self) -> list[str]:
-        return list(self._queues)
+        """The types with waiting calls, the one waiting longest first."""
+        return sorted(self._queues, key=lambda t: self._queues[t][0][0])
+
+    def next_type(self, skip: set[str]) -> str | None:
+        """The type, not in `skip`, whose head call has waited longest."""
+        queues = self._queues
+        return min((t for t in queues if t not in skip), key=lambda t: queues[t][0][0],
+                   default=None)
 
     def head(self, agent_type: str) -> FutureView | None:
         """The type's oldest waiting call, once it is here (None: it is not, or its
         Submit is still on its way; the next `unpark` after it arrives places it)."""
         queue = self._queues.get(agent_type)
-        h = self.hold.held.get(queue[0]) if queue else None
-        if h is None or h.view.status not in (FutureStatus.WAITING, FutureStatus.QUEUED):
+        h = self.hold.held.get(queue[0][1]) if queue else None
+        if h is None or h.view.status not in MOVABLE:
             return None
         return h.view
 
     def leave(self, agent_type: str) -> None:
         """The type's head call is on its way out."""
         queue = self._queues[agent_type]
-        queue.popleft()
+        self.hold.leaving.add(queue.popleft()[1])
+        if not queue:
+            del self._queues[agent_type]
+
+    def drop(self, agent_type: str, fid: str) -> None:
+        """A call that ended here (its dependency failed) leaves its type's queue."""
+        queue = self._queues[agent_type]
+        queue.remove(next(e for e in queue if e[1] == fid))
         if not queue:
             del self._queues[agent_type]
 
@@ -85,20 +140,29 @@ class WaitingRoom:
         h = self.hold.held[fid]
         h.view = h.view._replace(turn=turn)
 
+    def waiting(self) -> list[FutureView]:
+        """The calls waiting for room, oldest first per type, without an executor: the
+        view shows them placed nowhere yet (ControlView.waiting_for_room)."""
+        held = self.hold.held
+        return [h.view._replace(executor=None) for queue in self._queues.values()
+                for _, fid in queue if (h := held.get(fid)) is not None
+                and h.view.status in MOVABLE]
+
     def due(self, now: float) -> list[tuple[str, FutureView]]:
         """(agent type, call) for each call ready for `wait_s` or longer; they leave
         their queues (the caller sends them to their unplaced controllers)."""
         out: list[tuple[str, FutureView]] = []
         for agent_type, queue in list(self._queues.items()):
-            for fid in list(queue):
-                h = self.hold.held.get(fid)
+            for entry in list(queue):
+                h = self.hold.held.get(entry[1])
                 if h is None:
                     continue
                 ready = h.view.queued_at
                 if h.view.status is FutureStatus.QUEUED and ready is not None \
                         and now - ready >= self.wait_s:
                     out.append((agent_type, h.view))
-                    queue.remove(fid)
+                    queue.remove(entry)
+                    self.hold.leaving.add(entry[1])
             if not queue:
                 del self._queues[agent_type]
         return out

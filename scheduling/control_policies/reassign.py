@@ -19,6 +19,9 @@ A killed instance holds its resources until it has drained, so it counts against
 budget until it is dead. The donor's least-loaded instance holding no session state
 is killed: its queued calls move to its siblings, its running ones finish, and its
 resources go to the new one.
+
+Calls waiting for room with no instance of their type come first (room.py): a step
+that can make room for them does only that.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from scheduling.control import (
     kill,
     provision,
 )
+from scheduling.control_policies.room import make_room
 
 DEFAULT_SERVICE_S = 1.0  # an agent type nobody has timed yet
 
@@ -46,6 +50,9 @@ class ResourceReassignment(ControlPolicy):
         self.spare = spare
 
     def decide(self, view: ControlView, now: float) -> list[ControlDecision]:
+        starved = make_room(view, self.budget)
+        if starved:
+            return starved
         held = {t: h for t in view.agent_types() if (h := view.provisioned(t))}
         work = _work(held)
         n = {t: len(h) for t, h in held.items()}

@@ -70,6 +70,10 @@ def _daemon(tmp: Path, gpus: str, wait_s: int = WAIT_S) -> DaemonProcess:
 def d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     daemon = _daemon(tmp_path_factory.mktemp("wait"), "1").start()
     try:
+        # the operator's kills make the room here: the default policy would make it itself
+        # (test_workflow_room_policy.py)
+        r = daemon.post("/v1/policies/static/activate")
+        assert r.status_code == 200, r.text
         for name, src in (("wait", WAIT_SRC), ("gpu", GPU_SRC)):
             r = daemon.post("/v1/workflows", json={"name": name, "files": {"main.py": src},
                                                    "entry": "main:main"})

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduling.control import DRIVER, Directives, Kill, Provision, Route
+from scheduling.control import DRIVER, Directives, FutureStatus, Kill, Provision, Route
 from scheduling.control_cluster import Cluster
 from scheduling.control_resources import NoCapacity
 from scheduling.control_waiting import WAITING_ROOM, unplaced
@@ -215,6 +215,9 @@ class WaitWorld(World):
 
     def check(self) -> None:
         assert not self.c.outbox and self.c.waiting() == 0
+        for fid, dep in self.c.take_dependency_failures():  # failed at once, waiting
+            assert dep in self.failed and dep in self.calls[fid][2], (fid, dep)
+            self.failed[fid] += 1
         assert set(self.started) | set(self.failed) == set(self.calls), "a call was lost"
         assert not set(self.started) & set(self.failed), "a call ran and failed"
         assert all(n == 1 for n in (self.started + self.failed).values())
@@ -261,8 +264,115 @@ def test_waits_placements_and_expiries_actually_happen() -> None:
         for e in w.c.take_events():
             if e["event"] == "future.placed" and "waiting for resources" in e["reason"]:
                 counts["placed after waiting"] += 1
-            elif e["event"] in ("future.waiting", "future.wait_expired"):
+            elif e["event"] in ("future.waiting", "future.wait_expired",
+                                "future.dependency_failed"):
                 counts[e["event"]] += 1
         w.check_forgotten()
     assert counts["future.waiting"] > 50, counts
     assert counts["placed after waiting"] > 10 and counts["future.wait_expired"] > 10, counts
+    assert counts["future.dependency_failed"] > 5, counts
+
+
+# --- what the room keeps, dependency failures, room first come first served ------------
+
+
+def test_the_room_keeps_nothing_per_call_once_its_calls_left() -> None:
+    """Hundreds of waits, half placed after a kill and half run out: the room's
+    controller ends each round as empty as it began (it once kept a heap entry and an
+    arrival record per call that ever waited ready)."""
+    c = full(wait_s=1.0)
+    room = c.room
+    assert room is not None
+    hold = room.hold
+    for i in range(300):
+        now, session = 10.0 * i, f"s{i}"
+        c.create(f"l{i}", session, "Late", now)
+        assert hold.held[f"l{i}"].view.status is FutureStatus.QUEUED  # ready, waiting
+        if i % 2:
+            assert [fid for fid, _ in c.expire(now + 1.0)] == [f"l{i}"]
+        else:
+            assert c.apply([Kill(c.alive("Holder")[-1].id)], now + 1.0)[0].ok
+            assert run_all(c, now + 2.0) == [f"l{i}"]
+            late = c.alive("Late")[0].id
+            assert c.apply([Kill(late)], now + 3.0, validate=False)[0].ok
+            c.add_instance("Holder")  # full again
+        c.forget_session(session)
+        assert not (hold.held or hold._queue or hold._arrivals or hold._n_queued), i
+        assert not (room._queues or room.expiring or hold.done or hold.moved), i
+        assert not hold._records and not any(s.done or s._records for s in room.sinks.values())
+
+
+def test_a_waiting_call_whose_dependency_fails_fails_at_once() -> None:
+    c = full()
+    c.create("dep", "s", "Holder", 0.0)
+    c.create("other", "s", "Holder", 0.0)
+    assert c.create("late", "s", "Late", 0.5, deps=["dep", "other"]) == WAITING_ROOM
+    c.create("after", "s", "Holder", 0.6, deps=["late"])  # a consumer of the waiting call
+    c.take_events()
+    started = {s.future.future_id: inst for inst in ("Holder#0", "Holder#1")
+               if (s := c.start_next(inst, 1.0)) is not None}
+    assert set(started) == {"dep", "other"}
+    c.finish(started["dep"], "dep", None, False, 1.5)
+    # no room freed and no wait ran out: the failure shows at once
+    assert c.take_dependency_failures() == [("late", "dep")]
+    assert c.take_dependency_failures() == []
+    assert c.waiting() == 0 and c.next_deadline() is None
+    assert c.controllers[DRIVER].results["late"] == (None, False)
+    [e] = [e for e in kinds(c) if e["event"] == "future.dependency_failed"]
+    assert (e["id"], e["dependency"], e["agent_type"]) == ("late", "dep", "Late")
+    # its consumer hears it as any failure; the other dependency's value, later, is dropped
+    c.finish(started["other"], "other", "v:other", True, 2.0)
+    s = c.start_next(started["dep"], 2.0)
+    assert s is not None and s.future.future_id == "after"
+    assert s.values == {"late": (None, False)}
+    c.finish(started["dep"], "after", None, False, 2.5)
+    assert all(not ctl.held and not ctl.stash for ctl in c.controllers.values())
+    assert "s" not in c.view(3.0).sessions  # every call of the session is counted out
+
+
+def test_a_waiting_call_not_ready_yet_fails_at_once_too() -> None:
+    """Its wait for room has not even started (no clock until it is ready)."""
+    c = full()
+    c.create("dep", "s", "Holder", 0.0)
+    c.create("late", "s", "Late", 0.0, deps=["dep"])
+    c.create("later", "s", "Late", 0.0, deps=["late"])  # waits behind it, for it
+    assert c.start_next("Holder#0", 1.0) is not None
+    c.finish("Holder#0", "dep", None, False, 2.0)
+    assert c.take_dependency_failures() == [("late", "dep"), ("later", "late")]
+    assert c.waiting() == 0 and c.controllers[DRIVER].results["later"] == (None, False)
+
+
+BIG = {**AGENTS, "Big": Directives(min_instances=0, resources={"memory_mb": 700}),
+       "Tiny": Directives(min_instances=0, resources={"memory_mb": 100})}
+
+
+def test_room_goes_first_come_first_served_across_types() -> None:
+    c = Cluster(BIG, grow_on_demand=True, capacity=CAP, resource_wait_s=5.0)
+    c.add_instance("Holder")
+    c.add_instance("Holder")
+    assert c.create("big", "s", "Big", 0.0) == WAITING_ROOM
+    assert c.create("late", "s", "Late", 1.0) == WAITING_ROOM
+    assert c.apply([Kill("Holder#1")], 2.0)[0].ok
+    # 624 MiB free: room for a Late (300), not for the older Big (700): the Late waits
+    assert c.waiting() == 2
+    c.take_events()
+    assert c.create("tiny", "s", "Tiny", 2.5) == WAITING_ROOM  # fits, but waits its turn
+    [w] = kinds(c)
+    assert w["resource"] is None and "calls of Big, Late have waited longer" in w["reason"]
+    # a type with an instance still gets its calls, on that instance: no new one
+    assert c.create("h0", "s", "Holder", 2.6) == "Holder#0"
+    assert c.create("h1", "s", "Holder", 2.7) == "Holder#0"  # it would have grown
+    c.take_events()
+    assert [fid for fid, _ in c.expire(5.0)] == ["big"]
+    placed = [(e["id"], e["instance"]) for e in kinds(c) if e["event"] == "future.placed"]
+    assert placed == [("late", "Late#0"), ("tiny", "Tiny#0")]
+    assert sorted(run_all(c, 6.0)) == ["h0", "h1", "late", "tiny"]
+    assert c.waiting() == 0
+
+
+def test_without_an_older_call_waiting_a_type_grows_as_before() -> None:
+    c = Cluster(BIG, grow_on_demand=True, capacity=CAP, resource_wait_s=5.0)
+    c.add_instance("Holder")
+    assert c.create("h0", "s", "Holder", 0.0) == "Holder#0"
+    assert c.create("h1", "s", "Holder", 0.1) == "Holder#1"  # grown on demand
+    assert c.create("tiny", "s", "Tiny", 0.2) == "Tiny#0"

@@ -1,0 +1,83 @@
+"""The waiting room through the SDK host (agentd/control.py): a waiting call whose
+dependency fails gets its DependencyError at once, not after the wait for room; and
+waiting calls reach the daemon's global view (the wire format, parsed as the daemon
+does), where the default reassignment policy makes room for them."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+import pytest
+
+import agentd
+from agentd import DependencyError
+from daemon.runtime.control import RunView, WireView, joined_view, parse_view
+from scheduling.control import GlobalController, Kill, Provision, decision_to_dict
+from scheduling.control_policies import ResourceReassignment
+
+CAP = {"memory_mb": 1024.0, "CPU": 2.0, "GPU": 0.0}
+WAIT_S = 30.0  # far longer than any of these tests takes
+
+
+@agentd.agent(min_instances=1, max_instances=2, resources={"memory_mb": 400})
+class Keeper:
+    def boom(self) -> int:
+        time.sleep(0.2)
+        raise ValueError("boom")
+
+    def ping(self) -> str:
+        return "pong"
+
+
+@agentd.agent(min_instances=0, resources={"memory_mb": 300})
+class Parked:
+    def ping(self, x: int) -> int:
+        return x + 1
+
+
+def _full(rt: agentd.runtime.LocalRuntime) -> Keeper:
+    keeper = Keeper()
+    assert keeper.instances == 1
+    assert rt.control.apply([{"kind": "Provision", "agent_type": "Keeper"}])[0].ok
+    assert keeper.instances == 2  # 800 of 1024 MiB: no room for a Parked (300)
+    return keeper
+
+
+def test_a_waiting_call_whose_dependency_fails_fails_at_once() -> None:
+    with agentd.local_runtime(capacity=CAP, resource_wait_s=WAIT_S) as rt:
+        bad = _full(rt).boom()
+        parked = Parked().ping(bad)  # waits for room, and for `bad`
+        after = Parked().ping(parked)  # behind it, for it
+        t0 = time.perf_counter()
+        with pytest.raises(DependencyError, match=r"did not run: its dependency .* failed"):
+            parked.value(timeout=10)
+        with pytest.raises(DependencyError):
+            after.value(timeout=10)
+        assert time.perf_counter() - t0 < 5
+        assert not rt.control.cluster.waiting()
+    failed = [e for e in rt.events if e["event"] == "future.dependency_failed"]
+    assert [(e["id"], e["dependency"]) for e in failed] == [(parked.id, bad.id),
+                                                            (after.id, parked.id)]
+    assert not [e for e in rt.events if e["event"] == "future.wait_expired"]
+
+
+def test_the_daemon_policy_sees_a_waiting_call_and_makes_room_for_it() -> None:
+    with agentd.local_runtime(capacity=CAP, resource_wait_s=WAIT_S) as rt:
+        _full(rt)
+        parked = Parked().ping(1)
+        wire = msgspec.convert(rt.control.snapshot(), WireView)
+        [f] = [f for f in wire.futures if f.agent_type == "Parked"]
+        assert f.executor is None and f.status == "queued"
+        # as the daemon sees it: every run's view joined, names prefixed by the run
+        view = joined_view({"r1": RunView(parse_view(wire), time.time())})
+        assert list(view.waiting_for_room()) == ["r1/Parked"]
+        step = GlobalController(ResourceReassignment()).step(view, time.time())
+        assert not step.rejected
+        kill, prov = step.accepted
+        assert isinstance(kill, Kill) and isinstance(prov, Provision)
+        assert kill.instance_id.startswith("r1/Keeper#") and prov.agent_type == "r1/Parked"
+        local = [decision_to_dict(kill) | {"instance_id": kill.instance_id.split("/")[1]},
+                 decision_to_dict(prov) | {"agent_type": "Parked"}]
+        assert all(a.ok for a in rt.control.apply(local))
+        assert int(parked.value(timeout=10)) == 2
