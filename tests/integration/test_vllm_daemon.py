@@ -153,7 +153,7 @@ def test_worker_crash_fails_clearly_and_is_restarted(client, daemon) -> None:  #
 
 
 def test_small_kv_cache_preempts(tmp_path: Path) -> None:
-    # 256 tokens of KV (8 blocks of 32) for 8 concurrent ~100-token requests: the engine
+    # 256 tokens of KV (8 blocks of 32) for 8 concurrent ~120-token requests: the engine
     # must preempt. The daemon's admission fence exists to prevent exactly that, so it is
     # off here: this test is about the engine's own preemption and its metric.
     d = vllm_daemon(tmp_path / "small", 256 * FP32_BYTES_PER_TOKEN, 128, block=32,
@@ -161,8 +161,14 @@ def test_small_kv_cache_preempts(tmp_path: Path) -> None:
     try:
         c = openai.OpenAI(base_url=f"{d.url}/v1", api_key=d.token, max_retries=0, timeout=120)
         name = model(c)
+        # ~60-token prompts (two blocks each, unshared: the number leads) so that the engine
+        # admits four and must preempt at their first new block, however early a sampled
+        # story ends (with short prompts and early EOS, eight stories fitted in 256 tokens)
+        tale = ("The old lighthouse keeper climbed the stairs every evening to light the "
+                "lamp, and one stormy night he saw a ship with torn black sails drifting "
+                "toward the rocks below, its deck empty and its lanterns dark. He")
         threads = [threading.Thread(target=lambda i=i: c.completions.create(
-            model=name, prompt=f"Story number {i}: once upon a time", max_tokens=90,
+            model=name, prompt=f"Story number {i}. {tale}", max_tokens=60,
             temperature=0.8, extra_body={"program_id": f"p-small-{i}"})) for i in range(8)]
         for t in threads:
             t.start()

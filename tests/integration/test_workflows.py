@@ -192,7 +192,8 @@ def test_run_cannot_open_the_daemon_database(d: DaemonProcess) -> None:
     assert str(d.data_dir) not in json.dumps(env)
     assert set(env) <= {"PATH", "LANG", "MALLOC_ARENA_MAX", "PYTHONUNBUFFERED", "AGENTD_RUN_ID",
                         "AGENTD_PROGRAM_ID", "AGENTD_SESSION_ID", "AGENTD_DAEMON_URL",
-                        "AGENTD_RUN_TOKEN", "LC_CTYPE"}
+                        "AGENTD_RUN_TOKEN", "LC_CTYPE", "AGENTD_GPUS",
+                        "AGENTD_RESOURCE_WAIT_S"}
     # the run token was revoked when the run ended
     r = d.get("/v1/workflows", token=env["AGENTD_RUN_TOKEN"])
     time.sleep(1.1)  # the auth cache keeps a token up to 1 s
