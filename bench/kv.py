@@ -53,13 +53,13 @@ DURATION_S = 300.0
 # AgentdOptions flags that are on by default; each ablation row turns one of them off.
 ON_BY_DEFAULT = ("fair_resume", "release_on_demand", "longest_acting_first", "cached_first",
                  "spread_admission", "migration_cost", "balance_route", "cold_with_new",
-                 "home_cached")
+                 "home_cached", "headroom")
 # Flags off by default; each ablation row turns one of them on.
 OFF_BY_DEFAULT = ("overdue_first", "predicted_hold", "share_prefix", "smooth_admission",
                   "new_wait", "lasting_balance")
 # Other values of numeric options, one row each (hold_s=5 was the default before
-# cold_with_new and home_cached).
-VALUES = (("hold_s", 5.0), ("thrash_slack", 0.06))
+# cold_with_new and home_cached; headroom=0.05 trades throughput at 256 for hits at 64).
+VALUES = (("hold_s", 5.0), ("thrash_slack", 0.06), ("headroom", 0.05))
 FORCE_RESUME_S = (120.0, float("inf"))
 
 

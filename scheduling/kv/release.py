@@ -20,11 +20,12 @@ def releasable(plan: Plan, worker_id: str, held: Callable[[ProgramView], bool]
 
 
 def make_room(plan: Plan, program: ProgramView, held: Callable[[ProgramView], bool],
-              score: Callable[[str], Any]) -> str | None:
+              score: Callable[[str], Any], watermark: float | None = None) -> str | None:
     """Pause releasable programs on the best-scoring (lowest) worker where that makes
-    `program` fit now, and return that worker; None (and no pause) if none can.
-    Workers that already have the room are skipped."""
-    low = plan.view.config.low_watermark
+    `program` fit now under capacity times `watermark` (default: the low watermark),
+    and return that worker; None (and no pause) if none can. Workers that already
+    have the room are skipped."""
+    low = plan.view.config.low_watermark if watermark is None else watermark
     best: tuple[Any, str, list[ProgramView]] | None = None
     for worker_id in plan.ledger.worker_ids():
         if worker_id in plan.reserved or not plan.ledger.is_healthy(worker_id):

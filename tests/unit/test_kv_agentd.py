@@ -32,6 +32,8 @@ def view(*programs: ProgramView, used: tuple[int, ...] = (0,), **cfg: Any) -> Kv
 
 
 def agentd(**options: Any) -> AgentdPolicy:
+    # The views here fill workers to exactly their capacity; `headroom` has its own test.
+    options.setdefault("headroom", 0.0)
     return AgentdPolicy(AgentdOptions(**options))
 
 
@@ -235,3 +237,29 @@ def test_lasting_balance_moves_a_request_only_when_admitted_demand_is_skewed_too
     # At the threshold (200 of 1000 admitted vs 0) it stays.
     assert agentd(lasting_balance=True).route(view(back, used=(600, 100)), "a", NOW) == "w0"
     assert agentd(lasting_balance=True, balance_route=0.0).route(lasting, "a", NOW) == "w0"
+
+
+def test_headroom_keeps_placements_below_the_thrash_line() -> None:
+    # Placements stop at (low watermark - headroom) x capacity; thrashing is still
+    # judged at the high watermark, so growth inside the gap pauses nobody.
+    admitted = (prog("r", R, 700), prog("a", A, 250, acting_since=NOW - 1))
+    newcomer = view(*admitted, prog("q", Q, 40))
+    assert agentd().decide(newcomer, NOW) == [Admit("q", "w0")]
+    assert agentd(headroom=0.05).decide(newcomer, NOW) == []
+    grown = view(prog("r", R, 700), prog("a", A, 290, acting_since=NOW - 20))
+    assert agentd(headroom=0.05).decide(grown, NOW) == []
+    over = view(prog("r", R, 700), prog("a", A, 310, acting_since=NOW - 20))
+    assert agentd(headroom=0.05).decide(over, NOW) == [Pause("a", "w0", "thrashing")]
+
+
+def test_headroom_bounds_release_on_demand_and_rebalancing_too() -> None:
+    resident = (prog("r", R, 500), prog("b", A, 300, acting_since=NOW - 20),
+                prog("a", A, 200, acting_since=NOW - 1))
+    needs = view(*resident, prog("q", Q, 290))
+    assert agentd().decide(needs, NOW) == [Pause("b", "w0", "released"), Admit("q", "w0")]
+    # Releasing b leaves 250 under 950: not enough, so b keeps its room.
+    assert agentd(headroom=0.05).decide(needs, NOW) == []
+    back = prog("a", A, 200, worker="w0", pending_request=True, ready_since=NOW)
+    skewed = view(back, prog("idle", A, 400, worker="w1"), used=(600, 100))
+    assert agentd().route(skewed, "a", NOW) == "w1"
+    assert agentd(headroom=0.45).route(skewed, "a", NOW) == "w0"
