@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,9 @@ import pytest
 from daemon.policies.clock import cpu_time
 from daemon.policies.loop_hold import LOOP_HOLD_BUDGET_S, held
 from daemon.policies.registry import PolicyService
+from daemon.slo_long_view import Built
 from scheduling.slo_metrics import CompletionRecord
-from scheduling.views import ViewBuilder
+from scheduling.views import LongView, ViewBuilder
 from tests.unit.test_slo_control import make_core  # noqa: F401 - a fixture
 
 COMPLETIONS = 30_000  # past what the benchmark's load keeps in the long window
@@ -107,6 +109,29 @@ async def test_the_dry_run_still_runs_on_the_live_snapshot(
     errors = [e["message"] for e in stored["validation"]["errors"]]
     assert errors == [f"live:choose(view 0) raised ValueError: {COMPLETIONS} completions"]
     assert hold_ms(stored) <= BUDGET_MS
+
+
+async def test_the_live_snapshot_is_the_meta_loops_latest_view_while_it_is_fresh(
+        make_core: Any) -> None:  # noqa: F811 - the fixture imported above
+    core = make_core()
+    service = await PolicyService.start(core)
+    now = time.time()
+    fill(core.slo.views, now)
+    long = core.slo.long
+    # A view the meta loop built a moment ago, from 30,000 completions: no rebuild, so
+    # Picky sees that view's count, not the windows' (which it would refuse).
+    long.latest = Built(now, replace(long_view_of(core, now), completions=9000), 40.0)
+    fresh = await service.put("picky-meta", "meta", PICKY, "test")
+    assert fresh["validation"]["ok"], fresh["validation"]["errors"]
+    # Older than one meta interval: the windows are copied and walked again.
+    long.latest = Built(now - 2 * long.max_age_s, long.latest.view, 40.0)
+    stale = await service.put("picky-meta", "meta", PICKY, "test")
+    assert [e["message"] for e in stale["validation"]["errors"]] == [
+        f"live:choose(view 0) raised ValueError: {COMPLETIONS} completions"]
+
+
+def long_view_of(core: Any, now: float) -> LongView:
+    return core.slo.views.long_view(now)  # type: ignore[no-any-return]
 
 
 async def test_held_measures_the_longest_step() -> None:
