@@ -7,13 +7,14 @@ reaches the sandbox as its GPU capacity."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.daemon_process import DaemonProcess
+from tests.waiting import wait_for
 
 WAIT_SRC = '''import time
 
@@ -83,16 +84,6 @@ def d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
         daemon.stop()
 
 
-def _until(what: str, check: Callable[[], Any], timeout: float = 30) -> Any:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _start(d: DaemonProcess, workflow: str, session: str) -> str:
     r = d.post("/v1/runs", json={"workflow": workflow, "session_id": session,
                                  "limits": LIMITS})
@@ -101,7 +92,7 @@ def _start(d: DaemonProcess, workflow: str, session: str) -> str:
 
 
 def _end(d: DaemonProcess, run_id: str) -> dict[str, Any]:
-    return dict(_until("the run to end", lambda: (
+    return dict(wait_for(what="the run to end", check=lambda: (
         v if (v := d.get(f"/v1/runs/{run_id}").json())["status"] in
         ("finished", "failed", "cancelled") else None), timeout=60))
 
@@ -124,9 +115,10 @@ def _fill(d: DaemonProcess, run_id: str, session: str) -> list[dict[str, Any]]:
         return bool(view["reported"]) and any(i["instance_id"] == "Holder#0"
                                                for i in view["instances"])
 
-    _until("the first view", reported)
+    wait_for(what="the first view", timeout=30, check=reported)
     assert _decide(d, run_id, {"kind": "Provision", "agent_type": "Holder"})["ok"]
-    return list(_until("the waiting event", lambda: _trace(d, session, "future.waiting")))
+    return list(wait_for(what="the waiting event", timeout=30,
+                         check=lambda: _trace(d, session, "future.waiting")))
 
 
 def test_a_call_waits_for_room_and_a_kill_places_it(d: DaemonProcess) -> None:

@@ -6,12 +6,13 @@ and an agent whose one instance cannot fit at all fails the run with a clear rea
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.daemon_process import DaemonProcess
+from tests.waiting import wait_for
 
 BIG_SRC = '''import time
 
@@ -69,16 +70,6 @@ def d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     daemon.stop()
 
 
-def _until(what: str, check: Callable[[], Any], timeout: float = 20) -> Any:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _instances(d: DaemonProcess, run_id: str) -> list[str] | None:
     view = d.get(f"/v1/runs/{run_id}/control").json()
     return sorted(i["instance_id"] for i in view["instances"]) if view["reported"] else None
@@ -91,7 +82,7 @@ def _decide(d: DaemonProcess, run_id: str, *decisions: dict[str, Any]) -> list[d
 
 
 def _end(d: DaemonProcess, run_id: str) -> dict[str, Any]:
-    return dict(_until("the run to end", lambda: (
+    return dict(wait_for(what="the run to end", check=lambda: (
         v if (v := d.get(f"/v1/runs/{run_id}").json())["status"] in
         ("finished", "failed", "cancelled") else None), timeout=40))
 
@@ -109,16 +100,16 @@ def test_provision_refused_for_lack_of_capacity_and_kill_frees_it(d: DaemonProce
     run = d.post("/v1/runs", json={"workflow": "big", "session_id": "s-res",
                                    "limits": LIMITS}).json()
     rid = run["id"]
-    _until("the first view", lambda: _instances(d, rid) == ["Big#0"])
+    wait_for(what="the first view", timeout=20, check=lambda: _instances(d, rid) == ["Big#0"])
     provision = {"kind": "Provision", "agent_type": "Big", "reason": "test"}
     first, second = _decide(d, rid, provision, provision)
     assert first["ok"], first
     # 400 + 400 reserved of 1024 MiB: a third instance's 400 do not fit
     assert not second["ok"] and "Big reserves memory_mb=400" in second["reason"]
     assert "224 of the run's memory_mb=1024 is free" in second["reason"]
-    _until("Big#1", lambda: _instances(d, rid) == ["Big#0", "Big#1"])
+    wait_for(what="Big#1", timeout=20, check=lambda: _instances(d, rid) == ["Big#0", "Big#1"])
     assert _decide(d, rid, {"kind": "Kill", "instance_id": "Big#1"})[0]["ok"]
-    _until("Big#1 gone", lambda: _instances(d, rid) == ["Big#0"])
+    wait_for(what="Big#1 gone", timeout=20, check=lambda: _instances(d, rid) == ["Big#0"])
     again = _decide(d, rid, provision)[0]  # the kill gave its 400 MiB back
     assert again["ok"], again
     final = _end(d, rid)
