@@ -18,8 +18,8 @@ from tests.integration.test_workflow_resource_wait import (
     _end,
     _start,
     _trace,
-    _until,
 )
+from tests.waiting import wait_for
 
 WAIT_S = 30  # the policy must make room well within it
 
@@ -40,7 +40,7 @@ def d(tmp_path: Path) -> Iterator[DaemonProcess]:
 def test_the_default_policy_makes_room_for_a_waiting_call(d: DaemonProcess) -> None:
     session = "s-room"
     run_id = _start(d, "wait", session)
-    _until("the first view", lambda: any(
+    wait_for(what="the first view", timeout=30, check=lambda: any(
         i["instance_id"] == "Holder#0"
         for i in d.get(f"/v1/runs/{run_id}/control").json().get("instances", ())))
     t0 = time.time()
