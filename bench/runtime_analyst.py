@@ -102,6 +102,7 @@ class AnalystSim(Sim):
         self.left: dict[int, int] = {}
         self.kv: dict[str, tuple[str, int]] = {}  # session -> (instance, tokens cached)
         self.calls: dict[str, tuple[int, int, int]] = {}  # Analyst call -> (prompt, out, reuse)
+        self.rebuilt_s = 0.0  # prefill paid again because a session's call ran off its cache
 
     def _call(self, fid: str, t: Turn, agent: str, deps: tuple[str, ...] = ()) -> str:
         return self.c.create(fid, t.session, agent, self.now, deps=deps)
@@ -124,7 +125,10 @@ class AnalystSim(Sim):
         self.kv[session] = (instance, prompt + out)
         if not self.free_moves:  # what a move would cost the session: its recompute
             self.c.set_state_cost(session, service_s(self.cost, prompt + out, 0))
-        return service_s(self.cost, prompt, out, cached)
+        took = service_s(self.cost, prompt, out, cached)
+        if where and not cached and reuse:
+            self.rebuilt_s += took - service_s(self.cost, prompt, out, min(tokens, reuse))
+        return took
 
     def finished(self, fid: str, instance: str) -> None:
         rid_s, step = fid.split(".")
@@ -146,7 +150,7 @@ def simulate(policy: ControlPolicy, name: str, ts: list[Turn],
     sim.run(((t.arrival, t) for t in ts), len(ts))
     groups = {"follow_up": [t.rid for t in ts if t.shared],
               "first_turn": [t.rid for t in ts if not t.shared]}
-    return {"policy": name, **summary(sim, groups)}
+    return {"policy": name, **summary(sim, groups), "rebuilt_s": sim.rebuilt_s}
 
 
 def floor_s(t: Turn, cost: CostModel) -> float:

@@ -31,6 +31,11 @@ but no causal policy should be expected to beat it by much. At load 1.2 the chat
 branch runs at ~95% of its static share and the whole budget at ~86%: an instance
 taken for a coding burst is repaid at the chat branch's 5% slack, so whole-instance
 moves gain far less than the shared pool, which shares per call.
+Loads 1.3 and 1.4 are overload (load 1 keeps ~72% of the instances busy: 1.3 ~94%,
+1.4 ~100%; the router's chat branch alone is past its static share at 1.3): there the
+default policies must do no harm. The analyst's `state rebuilt s` column is the
+prefill paid again because a move took a session off its cache (nalar's price for
+moving; 0 for static).
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ from scheduling.control_policies import (
 )
 
 COST_MODEL = "llama3-8b-h100"
-LOADS = (0.8, 1.0, 1.2)
+LOADS = (0.8, 1.0, 1.2, 1.3, 1.4)
 WORKFLOWS = ("router", "analyst")
 CLAIRVOYANT_SETUP = Setup(runtime_router.ALLOCATION)  # min_instances 1 each
 CLAIRVOYANT_LOOK_S = 5.0  # how far past the model load it reads ahead
@@ -125,15 +130,17 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| workflow | load | policy | requests | mean s | P50 s | P95 s | P99 s "
-             "| P95 / P99 reduction | migrations | provisioned |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| P95 / P99 reduction | migrations | state rebuilt s | provisioned |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         red = (f"{r['p95_reduction']:.0%} / {r['p99_reduction']:.0%}"
                if "p99_reduction" in r else "")
+        rebuilt = f"{r['rebuilt_s']:.0f}" if "rebuilt_s" in r else ""
         lines.append(
             f"| {r['workflow']} | {r['load']:g} | {r['policy']} | {r['requests']} | "
             f"{r['mean_s']:.1f} | {r['p50_s']:.1f} | {r['p95_s']:.1f} | {r['p99_s']:.1f} | "
-            f"{red} | {r.get('migrations', '')} | {r.get('instances_provisioned', '')} |")
+            f"{red} | {r.get('migrations', '')} | {rebuilt} | "
+            f"{r.get('instances_provisioned', '')} |")
     return "\n".join(lines)
 
 

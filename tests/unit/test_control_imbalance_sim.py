@@ -72,14 +72,18 @@ def test_free_moves_reference_hits_the_cache_wherever_a_session_runs() -> None:
     for rid, latency in sim.latency.items():
         assert latency >= runtime_analyst.floor_s(by_rid[rid], COST) - 1e-9
     t = next(t for t in turns if t.shared)
-    charged = {}
+    charged, rebuilt = {}, {}
     for free in (False, True):  # the session's cache is on Analyst#0; the call runs on #1
         probe = runtime_analyst.AnalystSim(StaticRouting(), COST, free_moves=free)
         probe.turns[t.rid] = t
         probe.calls[f"{t.rid}.plan"] = (t.context, 1, t.shared)
         probe.kv[t.session] = ("Analyst#0", t.context)
         charged[free] = probe.duration(f"{t.rid}.plan", "Analyst#1")
+        rebuilt[free] = probe.rebuilt_s
     assert charged[True] < charged[False]  # no recompute
+    # what the bench reports as the price of moving: exactly the prefill paid again
+    assert rebuilt[True] == 0.0
+    assert rebuilt[False] == pytest.approx(charged[False] - charged[True]) and rebuilt[False] > 0
 
 
 def test_analyst_prices_a_sessions_state_as_its_recompute() -> None:

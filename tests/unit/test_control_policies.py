@@ -226,6 +226,52 @@ def test_head_of_line_migration_moves_a_free_call_past_a_session_worth_keeping()
     assert decisions == [Migrate("u", "W#0", "W#1", "u0", "head-of-line: W#1 is idle")]
 
 
+def _used(view: ControlView, **utilisation: float) -> ControlView:
+    """The same view with the named instances' utilisation (last ~30 s) set: how busy a
+    pool has been is the controllers' decayed average, which a test states outright."""
+    def busy(i: InstanceView) -> InstanceView:
+        key = i.instance_id.replace("#", "_")
+        return i._replace(utilisation=utilisation[key]) if key in utilisation else i
+
+    return ControlView(view.futures, [busy(i) for i in view.instances], view.agents,
+                       view.rules, view.sessions.values())
+
+
+def test_head_of_line_migration_pays_a_rebuild_only_from_the_pools_slack() -> None:
+    """Session "s" waits ~4 s behind W#0, its state rebuilds in 3 s, W#1 is idle now.
+    A pool busy 97% of the last ~30 s has ~1.8 s of idle time to pay the rebuild from:
+    W#1's gap is its own sessions' and the session stays. Half idle, it moves."""
+    c = _sticky_cluster()
+    c.set_state_cost("s", 3.0)
+    move = [Migrate("s", "W#0", "W#1", None, "head-of-line: W#1 is idle")]
+    saturated = _used(c.view(14.0), W_0=1.0, W_1=0.94)
+    assert HeadOfLineMigration().decide(saturated, 14.0) == []
+    assert HeadOfLineMigration().decide(_used(c.view(14.0), W_0=1.0, W_1=0.5), 14.0) == move
+    c.set_state_cost("s", 0.0)  # a move that rebuilds nothing needs no slack
+    assert HeadOfLineMigration().decide(_used(c.view(14.0), W_0=1.0, W_1=0.94), 14.0) == move
+
+
+def test_head_of_line_migration_spends_the_slack_once_per_step() -> None:
+    """Two sessions, each 3 s of state to rebuild, two idle instances, 4.5 s of slack:
+    one moves (the one whose queue has waited longest), not both."""
+    c = Cluster({"W": Directives(max_instances=4)})
+    for _ in range(4):
+        c.add_instance("W")
+    for inst in ("W#0", "W#1", "W#2", "W#3"):
+        _timed(c, inst, 2.0, 5.0)
+    for src, s, at in (("W#0", "a", 10.0), ("W#1", "b", 10.2)):
+        c.apply([Route("W", src, f"long-{s}"), Route("W", src, s)], at)
+        c.create(f"l-{s}", f"long-{s}", "W", at)
+        c.start_next(src, at)
+        c.create(f"{s}0", s, "W", at + 0.5)
+        c.set_state_cost(s, 3.0)
+    view = _used(c.view(14.0), W_0=1.0, W_1=1.0, W_2=0.9, W_3=0.95)  # 0.15 x 30 s
+    assert HeadOfLineMigration().decide(view, 14.0) == [
+        Migrate("a", "W#0", "W#2", None, "head-of-line: W#2 is idle")]
+    roomy = _used(c.view(14.0), W_0=1.0, W_1=1.0, W_2=0.5, W_3=0.5)
+    assert len(HeadOfLineMigration().decide(roomy, 14.0)) == 2
+
+
 def _backlog(c: Cluster, agent: str, n: int, service_s: float, now: float) -> None:
     """`n` calls of `agent` queued, after one of that agent's calls took `service_s`."""
     inst = c.alive(agent)[0].id
@@ -313,6 +359,36 @@ def test_reassignment_needs_a_clear_difference_and_spares_state() -> None:
     c.apply([Route("chat", None, "y")], 91.0)
     decisions = policy.decide(c.view(91.0), 91.0)
     assert decisions and decisions[0] == Kill("chat#1", "reassigned to code")
+
+
+def _fan_out(receiver_keeps_state: bool) -> Cluster:
+    """An analyst-like pair: "lead" (1 instance, 24 s of work queued) and "sub" (3 idle
+    instances); a budget of 4 leaves a kill-and-provision as the only move."""
+    agents = {"lead": Directives(min_instances=1, max_instances=4),
+              "sub": Directives(min_instances=1, max_instances=4)}
+    c = Cluster(agents)
+    for agent in ("lead", "sub", "sub", "sub"):
+        c.add_instance(agent, now=0.0)
+    if receiver_keeps_state:
+        c.apply([Route("lead", "lead#0", "conversation")], 0.0)
+    _backlog(c, "lead", 12, 2.0, 1.0)
+    return c
+
+
+def test_reassignment_gives_for_good_only_what_the_donor_can_spare_after() -> None:
+    """Every lead instance holds a session's state: an instance moved there never comes
+    back. sub used 2 of its 3 instances: losing one would leave it at 100% for good,
+    and it keeps it; at 1 of 3 it still has an instance unused after the move and
+    gives. Were a lead instance stateless (the move reversible), 2 of 3 is enough."""
+    policy = ResourceReassignment(budget=4, min_gain_s=5.0)
+    kinds = [Kill, Provision]
+    for keeps, used, gives in ((True, 2 / 3, False), (True, 1 / 3, True),
+                               (False, 2 / 3, True), (False, 0.8, False)):
+        view = _used(_fan_out(keeps).view(1.0), sub_0=used, sub_1=used, sub_2=used)
+        decisions = policy.decide(view, 1.0)
+        assert [type(d) for d in decisions] == (kinds if gives else []), (keeps, used)
+        if gives:
+            assert decisions[1] == Provision("lead", None, "24.0 s of work per instance")
 
 
 def test_default_policy_runs_all_three_through_the_global_controller() -> None:
