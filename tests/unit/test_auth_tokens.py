@@ -81,12 +81,19 @@ class CountingSessions:
         return self.sessions()
 
 
-async def test_an_expired_entry_is_read_once_however_many_requests_carry_it(
-    store: async_sessionmaker[AsyncSession],
-) -> None:
+def _counted(store: async_sessionmaker[AsyncSession],
+             ) -> tuple[Clock, CountingSessions, auth.TokenAuth]:
+    """A checker with a 1 s TTL on a fake clock, reading `store` through a counter."""
     clock, counting = Clock(), CountingSessions(store)
     checker = auth.TokenAuth(enabled=True, ttl_s=1.0, clock=clock)
     checker.bind(counting)  # type: ignore[arg-type]
+    return clock, counting, checker
+
+
+async def test_an_expired_entry_is_read_once_however_many_requests_carry_it(
+    store: async_sessionmaker[AsyncSession],
+) -> None:
+    clock, counting, checker = _counted(store)
     token_id, secret = await _issue(store, "submit")
     assert (await checker.principal(secret)) is not None and counting.opened == 1
     clock.now += 2  # expired: every request below would have read the store
@@ -98,9 +105,7 @@ async def test_an_expired_entry_is_read_once_however_many_requests_carry_it(
 async def test_a_half_old_entry_is_refreshed_in_the_background(
     store: async_sessionmaker[AsyncSession],
 ) -> None:
-    clock, counting = Clock(), CountingSessions(store)
-    checker = auth.TokenAuth(enabled=True, ttl_s=1.0, clock=clock)
-    checker.bind(counting)  # type: ignore[arg-type]
+    clock, counting, checker = _counted(store)
     token_id, secret = await _issue(store, "submit")
     await checker.principal(secret)
     clock.now += 0.6  # past half the TTL: served from the cache, read again behind it
