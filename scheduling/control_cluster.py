@@ -15,8 +15,9 @@ are), and a kill gives the reservation back. A batchable agent's instances run u
 `max_batch` calls at once (their slots); others one. With a `resource_wait_s`, a call
 to a type with no live instance and no room for one waits in the waiting room
 (control_waiting.py) until room frees, or fails after that long; without, it is refused.
-Room goes to waiting calls first come first served across types; a waiting call whose
-dependency failed fails at once; views show waiting calls with no executor.
+Room goes first come first served across types among the calls ready to run (one whose
+dependency still runs holds no one back); a waiting call whose dependency failed fails
+at once; views show waiting calls with no executor.
 
 Per call the work is a fixed number of dict operations and one heap operation,
 whatever the number of live calls: least-loaded comes from a load index kept as calls
@@ -353,16 +354,18 @@ class Cluster:
                        now: float) -> tuple[str, str]:
         """`_place`, or the waiting room when the type has no instance and no room for
         one, but one could fit the capacity. Calls already waiting go first: the
-        type's own, and any other type's for room (a new instance waits for them).
-        NoCapacity: one instance never fits."""
+        type's own, and any other type's ready one for room (a new instance waits for
+        them). NoCapacity: one instance never fits."""
         room = self.room
         assert room is not None
+        grow = True
         if not room.empty():
             self.unpark(now)
             if room.queued(agent_type):
                 return WAITING_ROOM, "behind earlier calls waiting for resources"
+            grow = not room.holding_back()
         try:
-            return self._place(agent_type, session_id, directives, grow=room.empty())
+            return self._place(agent_type, session_id, directives, grow=grow)
         except NoCapacity:
             if self.capacity is None or never_fits(agent_type, directives.resources,
                                                    self.capacity) is not None:
@@ -371,7 +374,7 @@ class Cluster:
 
     def _park(self, fid: str, session_id: str, agent_type: str, seq: int) -> None:
         assert self.room is not None and self.capacity is not None
-        ahead = [t for t in self.room.types() if t != agent_type]
+        ahead = [t for t in self.room.holding_back() if t != agent_type]
         self.room.park(agent_type, seq, fid)
         need = self.agents[agent_type].resources
         fields = _short_fields(agent_type, short_of(need, self.reserved, self.capacity))
@@ -383,19 +386,25 @@ class Cluster:
 
     def unpark(self, now: float) -> None:
         """Place the waiting calls that now have room, oldest first across types. Once
-        one finds no room, the younger calls of other types go only where their type
-        has an instance: room goes first come first served."""
+        a type finds no room, the calls of other types younger than its oldest ready
+        call go only where their type has an instance: room goes first come first
+        served among ready calls. A call becoming ready needs no `unpark`: it only
+        holds more calls back."""
         room = self.room
         if room is None:
             return
         blocked: set[str] = set()
+        bar = math.inf  # creation order of the oldest ready call left without room
         while (agent_type := room.next_type(blocked)) is not None:
             view = room.head(agent_type)  # None: its Submit is on its way; it keeps its turn
             directives = self.agents[agent_type]
             placed = None if view is None else \
-                self._try_place(agent_type, view.session_id, directives, grow=not blocked)
+                self._try_place(agent_type, view.session_id, directives, grow=view.seq < bar)
             if view is None or placed is None:
                 blocked.add(agent_type)
+                first = room.first_ready(agent_type)
+                if first is not None:
+                    bar = min(bar, first)
                 continue
             target, how = placed
             room.leave(agent_type)

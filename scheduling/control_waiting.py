@@ -9,11 +9,14 @@ by the migration protocol (control_local.py) once its type has an instance: the 
 (control_cluster.py) places the calls when room may have freed (a kill gives a
 reservation back; a provision or an activation adds an instance).
 
-Room goes first come first served across types: while a call waits, no younger call of
-another type takes room for a new instance (it may still use an instance its type has),
-so a small type cannot keep taking room that an older, larger call waits for. Every
-waiting call can fit the capacity alone, so the room it waits for comes once enough is
-killed, or its wait ends: the bound on how long it holds younger calls back.
+Room goes first come first served among the calls ready to run: while a ready call
+waits, no younger call of another type takes room for a new instance (it may still use
+an instance its type has), so a small type cannot keep taking room that an older,
+larger call waits for. A call not ready yet (a dependency still runs, for as long as it
+takes) holds no one back: it keeps its place in its type's queue and takes room that is
+free when its turn comes, and from when it is ready it holds back the calls younger than
+it. Every waiting call can fit the capacity alone, so the room it waits for comes once
+enough is killed, or its wait ends: a call holds others back for at most `wait_s`.
 
 The wait is bounded: a call ready to run (every dependency value in) for `wait_s`
 with still no room moves to its type's unplaced controller (`unplaced(type)`), which
@@ -24,10 +27,11 @@ One per type: a controller keys a session's records by its own agent type.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 
 from scheduling.control import MOVABLE, FutureStatus, FutureView
-from scheduling.control_local import LocalController
+from scheduling.control_local import LocalController, _Held
 from scheduling.control_messages import Message, MigrateRequest, Value
 from scheduling.control_rules import RuleTable
 
@@ -50,6 +54,16 @@ class _Hold(LocalController):
         self.failed: list[tuple[FutureView, str]] = []  # (call, its failed dependency)
         # calls placed or expired whose move is not here yet: they fail where they go
         self.leaving: set[str] = set()
+        # agent type -> (creation order, call) of its calls that became ready waiting, a
+        # heap: entries of calls that left since are dropped as `first_ready` meets them
+        self.ready: dict[str, list[tuple[int, str]]] = {}
+
+    def _maybe_ready(self, h: _Held, now: float) -> None:
+        was = h.view.status
+        super()._maybe_ready(h, now)
+        v = h.view
+        if v.status is not was and v.future_id not in self.leaving:
+            heapq.heappush(self.ready.setdefault(v.agent_type, []), (v.seq, v.future_id))
 
     def _migrate_request(self, m: MigrateRequest, now: float) -> list[Message]:
         self.leaving.discard(m.future_id)
@@ -101,9 +115,24 @@ class WaitingRoom:
     def queued(self, agent_type: str) -> bool:
         return agent_type in self._queues
 
-    def types(self) -> list[str]:
-        """The types with waiting calls, the one waiting longest first."""
-        return sorted(self._queues, key=lambda t: self._queues[t][0][0])
+    def first_ready(self, agent_type: str) -> int | None:
+        """The creation order of the type's oldest ready call (None: none is ready):
+        the calls of other types younger than it wait for room behind it."""
+        heap = self.hold.ready.get(agent_type)
+        held, leaving = self.hold.held, self.hold.leaving
+        while heap:
+            seq, fid = heap[0]
+            h = held.get(fid)
+            if h is not None and fid not in leaving and _ready(h.view):
+                return seq  # still in its type's queue: it leaves only as leaving or closed
+            heapq.heappop(heap)
+        return None
+
+    def holding_back(self) -> list[str]:
+        """The types with a ready call waiting, the one with the oldest first: they
+        hold back a new call of another type from room for a new instance."""
+        firsts = {t: r for t in self._queues if (r := self.first_ready(t)) is not None}
+        return sorted(firsts, key=firsts.__getitem__)
 
     def next_type(self, skip: set[str]) -> str | None:
         """The type, not in `skip`, whose head call has waited longest."""
@@ -125,14 +154,18 @@ class WaitingRoom:
         queue = self._queues[agent_type]
         self.hold.leaving.add(queue.popleft()[1])
         if not queue:
-            del self._queues[agent_type]
+            self._forget(agent_type)
 
     def drop(self, agent_type: str, fid: str) -> None:
         """A call that ended here (its dependency failed) leaves its type's queue."""
         queue = self._queues[agent_type]
         queue.remove(next(e for e in queue if e[1] == fid))
         if not queue:
-            del self._queues[agent_type]
+            self._forget(agent_type)
+
+    def _forget(self, agent_type: str) -> None:
+        del self._queues[agent_type]
+        self.hold.ready.pop(agent_type, None)
 
     def set_turn(self, fid: str, turn: int) -> None:
         """A stateful agent's call takes its turn in its session as it leaves, so that
@@ -158,17 +191,22 @@ class WaitingRoom:
                 if h is None:
                     continue
                 ready = h.view.queued_at
-                if h.view.status is FutureStatus.QUEUED and ready is not None \
-                        and now - ready >= self.wait_s:
+                if _ready(h.view) and ready is not None and now - ready >= self.wait_s:
                     out.append((agent_type, h.view))
                     queue.remove(entry)
                     self.hold.leaving.add(entry[1])
             if not queue:
-                del self._queues[agent_type]
+                self._forget(agent_type)
         return out
 
     def next_deadline(self) -> float | None:
         """When the first ready call's wait ends (None: no call here is ready yet)."""
         times = [h.view.queued_at + self.wait_s for h in self.hold.held.values()
-                 if h.view.status is FutureStatus.QUEUED and h.view.queued_at is not None]
+                 if _ready(h.view) and h.view.queued_at is not None]
         return min(times, default=None)
+
+
+def _ready(view: FutureView) -> bool:
+    """Every dependency value is in: its wait for room counts, and it holds back the
+    younger calls of other types."""
+    return view.status is FutureStatus.QUEUED and view.queued_at is not None

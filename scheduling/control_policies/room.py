@@ -2,8 +2,9 @@
 
 Such a call runs nowhere until an instance of its type is provisioned, and fails when
 its wait runs out, so it is demand that no load-based rule sees (no instance holds it)
-and that outweighs any backlog elsewhere. Types are served in the order of their
-longest-waiting call, as the host gives room (control_waiting.py). Each gets one
+and that outweighs any backlog elsewhere. Types are served in the order the host gives
+room (control_waiting.py): those with a call ready to run first, by their oldest
+ready call, then the others by their oldest call. Each gets one
 instance: provisioned where its pool has room (and the budget, if any, allows), else
 after killing the fewest instances of other types that free the resource it lacks,
 taken least busy first (running, then held, then recently used), never one that holds
@@ -19,6 +20,8 @@ from collections.abc import Mapping
 from scheduling.control import (
     ControlDecision,
     ControlView,
+    FutureStatus,
+    FutureView,
     InstanceState,
     InstanceView,
     kill,
@@ -30,7 +33,7 @@ from scheduling.control_resources import plus, short_of
 def make_room(view: ControlView, budget: int | None = None) -> list[ControlDecision]:
     waiting = view.waiting_for_room()
     starved = sorted((t for t in waiting if not view.provisioned(t)),
-                     key=lambda t: waiting[t][0].created_at)
+                     key=lambda t: _turn(waiting[t]))
     if not starved:
         return []
     plan = _Plan(view, budget)
@@ -46,6 +49,13 @@ def make_room(view: ControlView, budget: int | None = None) -> list[ControlDecis
         out += [kill(v.instance_id, reason=f"room for {t}: {why}") for v in victims]
         out.append(provision(t, reason=why))
     return out
+
+
+def _turn(calls: list[FutureView]) -> tuple[bool, float]:
+    """A type's place for room: a call ready to run holds others back, one whose
+    dependency still runs does not (control_waiting.py)."""
+    ready = [f.created_at for f in calls if f.status is FutureStatus.QUEUED]
+    return (not ready, min(ready, default=calls[0].created_at))
 
 
 class _Plan:

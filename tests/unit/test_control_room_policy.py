@@ -109,6 +109,19 @@ def test_the_type_waiting_longest_gets_the_room_first() -> None:
         assert shape(plan(c.view(3.0), 3.0)) == [("Kill", "Holder#0"), ("Provision", first)]
 
 
+def test_a_type_whose_calls_are_not_ready_yet_comes_after_one_with_a_ready_call() -> None:
+    agents = {**AGENTS, "Mid": Directives(min_instances=0, resources={"memory_mb": 400})}
+    c = Cluster(agents, capacity=CAP, resource_wait_s=5.0)
+    c.add_instance("Holder")
+    c.add_instance("Holder")
+    c.create("dep", "s", "Holder", 0.0)
+    assert c.start_next("Holder#0", 0.0) is not None  # Mid's call waits for its value
+    c.create("a", "s", "Mid", 1.0, deps=("dep",))
+    c.create("b", "t", "Late", 2.0)
+    # room for one of the two: the ready Late gets it, though the Mid call is older
+    assert shape(plan(c.view(3.0), 3.0)) == [("Kill", "Holder#1"), ("Provision", "Late")]
+
+
 def test_a_budget_makes_the_provision_a_swap() -> None:
     """No capacity named: the operator's instance budget is what bounds them."""
     agents = {"Holder": Directives(min_instances=1, max_instances=2),

@@ -1,7 +1,8 @@
 """The waiting room (scheduling/control_waiting.py) in the cluster: a call with no room
 for an instance of its type waits instead of failing, is placed when a kill or a
 provision makes room, and fails after `resource_wait_s` of readiness with the agent,
-resource, need and free named; and the migration property test again with waits."""
+resource, need and free named; only ready calls hold younger calls of other types
+back; and the migration property test again with waits."""
 
 from __future__ import annotations
 
@@ -173,31 +174,67 @@ def test_forgetting_the_session_clears_the_room() -> None:
 
 WAIT_AGENTS = {
     "A": Directives(min_instances=0, max_instances=3, resources={"memory_mb": 100}),
-    "B": Directives(min_instances=0, max_instances=3, resources={"memory_mb": 100}),
+    "B": Directives(min_instances=0, max_instances=3, resources={"memory_mb": 200}),
     "S": Directives(stateful=True, min_instances=0, max_instances=2,
                     resources={"memory_mb": 100})}
 WAIT_OPS = (*OPS, "expire")
+UNPARKED = {"create", "kill", "provision", "priority", "expire"}  # ops that end unparked
+
+
+def settled(c: Cluster) -> Counter[str]:
+    """After an `unpark`: no waiting call is left that the rule would place, that is
+    one whose type has an instance, or whose instance fits and no ready call of another
+    type older than it waits. Counts the cases seen, to show they occur."""
+    room = c.room
+    assert room is not None
+    seen: Counter[str] = Counter()
+    firsts: dict[str, int | None] = dict.fromkeys(room._queues)
+    for f in room.waiting():  # the oldest ready call per type, read from the calls
+        first = firsts[f.agent_type]
+        if f.status is FutureStatus.QUEUED and (first is None or f.seq < first):
+            firsts[f.agent_type] = f.seq
+    for t in room._queues:
+        head = room.head(t)
+        if head is None:  # its Submit is on its way: it is placed at a later unpark
+            continue
+        older_ready = [u for u, r in firsts.items() if u != t and r is not None and r < head.seq]
+        assert not c.alive(t), (t, head.future_id)
+        if c.room_for(t) is None:
+            assert older_ready, f"{head.future_id} of {t} fits and no older ready call waits"
+            seen["fits, held back by an older ready call"] += 1
+        if head.status is FutureStatus.WAITING:
+            seen["a call not ready waits"] += 1
+            younger = [u for u, r in firsts.items() if u != t and r is not None and r > head.seq]
+            seen["... with a younger ready call of another type waiting"] += bool(younger)
+    return seen
 
 
 class WaitWorld(World):
     """World's random schedules in a run full of As: the calls of B and S wait until
     kills of As make room for them (a kill never takes a type's last serving instance:
-    the validation refuses it), and time jumps end waits."""
+    the validation refuses it), and time jumps end waits. A B needs twice an S's room:
+    an S can fit while an older B waits."""
 
     def __init__(self) -> None:
         super().__init__()
         self.c = Cluster(WAIT_AGENTS, auto_pump=False, capacity={"memory_mb": 400},
-                         resource_wait_s=0.5)
+                         resource_wait_s=2.5)
         for _ in range(4):  # full: B's and S's calls wait until kills of As make room
             self.c.add_instance("A")
         assert self.c.apply([Route("A", "A#0", "s0")], 0.0)[0].ok
         self.failed: Counter[str] = Counter()
+        self.settled: Counter[str] = Counter()
 
     def op_expire(self, a: int, b: int, k: int) -> None:
         self.now += 1.0
         for fid, why in self.c.expire(self.tick()):
-            assert "waited 0.5 s for resources" in why
+            assert "waited 2.5 s for resources" in why
             self.failed[fid] += 1
+
+    def do(self, op: str, a: int, b: int, k: int) -> None:
+        super().do(op, a, b, k)
+        if op in UNPARKED:
+            self.settled.update(settled(self.c))
 
     def op_create(self, a: int, b: int, k: int) -> None:
         try:
@@ -215,6 +252,7 @@ class WaitWorld(World):
 
     def check(self) -> None:
         assert not self.c.outbox and self.c.waiting() == 0
+        assert self.c.room is not None and not self.c.room.hold.ready  # nothing kept per call
         for fid, dep in self.c.take_dependency_failures():  # failed at once, waiting
             assert dep in self.failed and dep in self.calls[fid][2], (fid, dep)
             self.failed[fid] += 1
@@ -261,6 +299,7 @@ def test_waits_placements_and_expiries_actually_happen() -> None:
                  rng.randrange(1000))
         w.drain(rng)
         w.check()
+        counts.update(w.settled)
         for e in w.c.take_events():
             if e["event"] == "future.placed" and "waiting for resources" in e["reason"]:
                 counts["placed after waiting"] += 1
@@ -271,6 +310,8 @@ def test_waits_placements_and_expiries_actually_happen() -> None:
     assert counts["future.waiting"] > 50, counts
     assert counts["placed after waiting"] > 10 and counts["future.wait_expired"] > 10, counts
     assert counts["future.dependency_failed"] > 5, counts
+    assert counts["fits, held back by an older ready call"] > 10, counts
+    assert counts["... with a younger ready call of another type waiting"] > 10, counts
 
 
 # --- what the room keeps, dependency failures, room first come first served ------------
@@ -298,7 +339,7 @@ def test_the_room_keeps_nothing_per_call_once_its_calls_left() -> None:
             c.add_instance("Holder")  # full again
         c.forget_session(session)
         assert not (hold.held or hold._queue or hold._arrivals or hold._n_queued), i
-        assert not (room._queues or room.expiring or hold.done or hold.moved), i
+        assert not (room._queues or room.expiring or hold.done or hold.moved or hold.ready), i
         assert not hold._records and not any(s.done or s._records for s in room.sinks.values())
 
 
@@ -376,3 +417,59 @@ def test_without_an_older_call_waiting_a_type_grows_as_before() -> None:
     assert c.create("h0", "s", "Holder", 0.0) == "Holder#0"
     assert c.create("h1", "s", "Holder", 0.1) == "Holder#1"  # grown on demand
     assert c.create("tiny", "s", "Tiny", 0.2) == "Tiny#0"
+
+
+# --- only ready calls hold younger calls of other types back (issue #6) ----------------
+
+
+def with_a_running_dependency() -> Cluster:
+    """full(), its Holder#0 busy running `dep` (as long as it takes)."""
+    c = Cluster(BIG, grow_on_demand=True, capacity=CAP, resource_wait_s=5.0)
+    c.add_instance("Holder")
+    c.add_instance("Holder")
+    c.create("dep", "s", "Holder", 0.0)
+    started = c.start_next("Holder#0", 0.0)
+    assert started is not None and started.future.future_id == "dep"
+    return c
+
+
+def test_a_call_not_ready_yet_holds_no_younger_call_back() -> None:
+    c = with_a_running_dependency()
+    assert c.create("big", "s", "Big", 0.5, deps=["dep"]) == WAITING_ROOM
+    assert c.apply([Kill("Holder#1")], 1.0)[0].ok  # 624 MiB free: not for a Big (700)
+    # the older Big is not ready (its dependency still runs): a Late takes the free room
+    assert c.create("late", "s", "Late", 1.5) == "Late#0"
+    assert c.waiting() == 1 and c.next_deadline() is None
+    # once ready it holds the younger calls back: a Tiny would fit (324 free), and waits
+    c.finish("Holder#0", "dep", "v:dep", True, 2.0)
+    assert c.next_deadline() == 7.0
+    c.take_events()
+    assert c.create("tiny", "s", "Tiny", 2.5) == WAITING_ROOM
+    [w] = kinds(c)
+    assert w["resource"] is None and "calls of Big have waited longer" in w["reason"]
+    assert c.create("chained", "s", "Tiny", 2.6, deps=["late"]) == WAITING_ROOM
+    assert [fid for fid, _ in c.expire(7.0)] == ["big"]  # its wait ran out: room is free
+    placed = [(e["id"], e["instance"]) for e in kinds(c) if e["event"] == "future.placed"]
+    assert placed == [("tiny", "Tiny#0"), ("chained", "Tiny#0")]
+    assert run_all(c, 8.0) == ["late", "tiny", "chained"]
+    assert c.waiting() == 0
+
+
+def test_unpark_passes_a_call_not_ready_but_not_a_younger_ready_one() -> None:
+    """One pass over the waiting types: a Big whose head is not ready but whose second
+    call is holds back only the calls younger than that second call."""
+    c = with_a_running_dependency()
+    assert c.create("big0", "s", "Big", 0.1, deps=["dep"]) == WAITING_ROOM
+    assert c.create("late", "s", "Late", 0.2) == WAITING_ROOM  # no room at all yet
+    assert c.create("big1", "s", "Big", 0.3) == WAITING_ROOM  # ready, behind big0
+    assert c.create("tiny", "s", "Tiny", 0.4) == WAITING_ROOM
+    c.take_events()
+    assert c.apply([Kill("Holder#1")], 1.0)[0].ok  # 624 MiB: a Late and a Tiny fit
+    placed = [(e["id"], e["instance"]) for e in kinds(c) if e["event"] == "future.placed"]
+    assert placed == [("late", "Late#0")]  # older than big1; the Tiny is younger
+    assert c.waiting() == 3
+    # big1's wait ends; big0 is still not ready: it holds no one back, and the Tiny goes
+    assert [fid for fid, _ in c.expire(5.3)] == ["big1"]
+    placed = [(e["id"], e["instance"]) for e in kinds(c) if e["event"] == "future.placed"]
+    assert placed == [("tiny", "Tiny#0")]
+    assert c.waiting() == 1 and sorted(run_all(c, 6.0)) == ["late", "tiny"]
