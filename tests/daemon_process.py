@@ -149,3 +149,22 @@ class DaemonProcess:
     def post(self, path: str, token: str | None = None, **kw: Any) -> httpx.Response:
         kw["headers"] = {**self.auth_headers(token), **kw.get("headers", {})}
         return httpx.post(f"{self.url}{path}", timeout=30, **kw)
+
+    def run_ended(self, run_id: str, timeout: float = 60.0) -> dict[str, Any]:
+        """The run's view once it has finished, failed or been cancelled."""
+        deadline = time.monotonic() + timeout
+        while True:
+            view: dict[str, Any] = self.get(f"/v1/runs/{run_id}").json()
+            if view["status"] in ("finished", "failed", "cancelled"):
+                return view
+            if time.monotonic() > deadline:
+                raise AssertionError(f"run {run_id} did not end in {timeout:g} s: {view}\n"
+                                     f"{self.log()}")
+            time.sleep(0.1)
+
+    def decide(self, run_id: str, *decisions: dict[str, Any]) -> list[dict[str, Any]]:
+        """Send control decisions for a run as the operator; one result per decision."""
+        r = self.post(f"/v1/runs/{run_id}/control/decisions",
+                      json={"decisions": list(decisions)})
+        assert r.status_code == 200, r.text
+        return list(r.json()["results"])

@@ -102,13 +102,6 @@ def _start(d: DaemonProcess, workflow: str, source: str, session: str) -> dict[s
     return dict(r.json())
 
 
-def _ended(d: DaemonProcess, run_id: str) -> dict[str, Any]:
-    return dict(wait_for(lambda: (
-        v := d.get(f"/v1/runs/{run_id}").json())["status"] in ("finished", "failed",
-                                                               "cancelled") and v,
-        60, f"run {run_id} to end"))
-
-
 def _trace(d: DaemonProcess, session: str, kind: str) -> list[dict[str, Any]]:
     rows = d.get(f"/v1/sessions/{session}/trace", params={"limit": 5000}).json()["data"]
     return [e["data"] | {"program_id": e.get("program_id")} for e in rows if e["kind"] == kind]
@@ -128,7 +121,7 @@ def test_a_recording_policy_sees_instances_come_and_go_and_the_session_end(
         kill = {"kind": "Kill", "instance_id": "Worker#1", "reason": "test: scale in"}
         r = d.post(f"/v1/runs/{rid}/control/decisions", json={"decisions": [kill]})
         assert r.status_code == 200 and r.json()["results"][0]["ok"], r.text
-        assert _ended(d, rid)["result"] == [0, 1]
+        assert d.run_ended(rid)["result"] == [0, 1]
         hooks = wait_for(lambda: (
             h := _trace(d, "s-hooks", "control.hook")) and h[-1]["hook"] == "on_session_end"
             and h, 60, "the session's end to be traced")

@@ -83,14 +83,6 @@ class ControlDaemon(DaemonProcess):
             time.sleep(0.05)
         return time.time()
 
-    def wait_end(self, run_id: str) -> dict[str, Any]:
-        deadline = time.time() + 40
-        while (run := self.get(f"/v1/runs/{run_id}").json())["status"] not in (
-                "finished", "failed", "cancelled"):
-            assert time.time() < deadline, run
-            time.sleep(0.1)
-        return dict(run)
-
     def decisions(self, session: str) -> list[dict[str, Any]]:
         time.sleep(0.3)  # the batched writer commits within ~50 ms
         rows = self.get(f"/v1/sessions/{session}/trace", params={"limit": 1000}).json()
@@ -152,7 +144,7 @@ def test_operator_control_policy_lifecycle(d: ControlDaemon) -> None:
     assert live_refusal.status_code == 422, live_refusal.text
     assert "live:decide raised RuntimeError: boom on a live view" in \
         live_refusal.json()["error"]["message"]
-    assert d.wait_end(run)["result"] == [0, 1, 2, 3]
+    assert d.run_ended(run, 40)["result"] == [0, 1, 2, 3]
     mine = [e for e in d.decisions("s-busy") if e["by"] == "busy-first"]
     assert mine and all(e["policy_version"] == 2 and e["ok"] for e in mine)
     assert mine[0]["decision_kind"] == "SetPriority" and mine[0]["value"] >= 1.0
@@ -173,7 +165,7 @@ def test_operator_control_policy_lifecycle(d: ControlDaemon) -> None:
     assert (data["restored"], data["restored_version"]) == ("busy-first", 2)
     print(f"rolled back {rolled['ts'] - seen:.3f} s after the first live view was seen")
     assert rolled["ts"] - seen < 0.5 + 0.5  # boom's period, plus the poll and one step
-    assert d.wait_end(run)["result"] == [0, 1, 2]
+    assert d.run_ended(run, 40)["result"] == [0, 1, 2]
     boom = d.get("/v1/policies/boom").json()
     assert boom["versions"][0]["status"] == "rolled_back" and boom["active_version"] is None
     assert not [e for e in d.decisions("s-boom") if e["by"] == "boom"]

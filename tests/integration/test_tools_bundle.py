@@ -76,13 +76,7 @@ def names(d: DaemonProcess) -> set[str]:
 def run_to_end(d: DaemonProcess, body: dict[str, Any], timeout: float = 60) -> dict[str, Any]:
     r = d.post("/v1/runs", json=body)
     assert r.status_code == 201, r.text
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        view: dict[str, Any] = d.get(f"/v1/runs/{r.json()['id']}").json()
-        if view["status"] in ("finished", "failed", "cancelled"):
-            return view
-        time.sleep(0.1)
-    raise AssertionError(f"run did not end: {view}\n{d.log()}")
+    return d.run_ended(r.json()["id"], timeout)
 
 
 def trace(d: DaemonProcess, session: str) -> list[dict[str, Any]]:

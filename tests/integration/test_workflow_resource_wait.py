@@ -91,21 +91,9 @@ def _start(d: DaemonProcess, workflow: str, session: str) -> str:
     return str(r.json()["id"])
 
 
-def _end(d: DaemonProcess, run_id: str) -> dict[str, Any]:
-    return dict(wait_for(what="the run to end", check=lambda: (
-        v if (v := d.get(f"/v1/runs/{run_id}").json())["status"] in
-        ("finished", "failed", "cancelled") else None), timeout=60))
-
-
 def _trace(d: DaemonProcess, session: str, kind: str) -> list[dict[str, Any]]:
     rows = d.get(f"/v1/sessions/{session}/trace", params={"limit": 1000}).json()["data"]
     return [r["data"] for r in rows if r["kind"] == kind]
-
-
-def _decide(d: DaemonProcess, run_id: str, decision: dict[str, Any]) -> dict[str, Any]:
-    r = d.post(f"/v1/runs/{run_id}/control/decisions", json={"decisions": [decision]})
-    assert r.status_code == 200, r.text
-    return dict(r.json()["results"][0])
 
 
 def _fill(d: DaemonProcess, run_id: str, session: str) -> list[dict[str, Any]]:
@@ -116,7 +104,7 @@ def _fill(d: DaemonProcess, run_id: str, session: str) -> list[dict[str, Any]]:
                                                for i in view["instances"])
 
     wait_for(what="the first view", timeout=30, check=reported)
-    assert _decide(d, run_id, {"kind": "Provision", "agent_type": "Holder"})["ok"]
+    assert d.decide(run_id, {"kind": "Provision", "agent_type": "Holder"})[0]["ok"]
     return list(wait_for(what="the waiting event", timeout=30,
                          check=lambda: _trace(d, session, "future.waiting")))
 
@@ -129,8 +117,8 @@ def test_a_call_waits_for_room_and_a_kill_places_it(d: DaemonProcess) -> None:
     assert "Late reserves memory_mb=300" in waiting["reason"] and waiting["wait_s"] == WAIT_S
     time.sleep(1.0)
     assert d.get(f"/v1/runs/{run_id}").json()["status"] == "running"  # still waiting
-    assert _decide(d, run_id, {"kind": "Kill", "instance_id": "Holder#1", "reason": "test"})["ok"]
-    final = _end(d, run_id)
+    assert d.decide(run_id, {"kind": "Kill", "instance_id": "Holder#1", "reason": "test"})[0]["ok"]
+    final = d.run_ended(run_id)
     assert final["status"] == "finished", final
     assert final["result"]["first"] == 2 and final["result"]["second"] == 3
     assert 1.0 < final["result"]["waited_s"] < WAIT_S + 5
@@ -145,7 +133,7 @@ def test_a_wait_that_runs_out_fails_the_run_naming_what_is_short(d: DaemonProces
     run_id = _start(d, "wait", "s-wait-out")
     _fill(d, run_id, "s-wait-out")
     t0 = time.time()
-    final = _end(d, run_id)
+    final = d.run_ended(run_id)
     assert time.time() - t0 >= WAIT_S - 1.5  # it waited before failing
     assert final["status"] == "failed", final
     error = final["error"]
@@ -161,7 +149,7 @@ def test_a_wait_that_runs_out_fails_the_run_naming_what_is_short(d: DaemonProces
 
 
 def test_configured_gpus_reach_the_sandbox(d: DaemonProcess) -> None:
-    final = _end(d, _start(d, "gpu", "s-gpu"))
+    final = d.run_ended(_start(d, "gpu", "s-gpu"))
     assert final["status"] == "finished", final
     assert final["result"] == {"pong": "pong", "gpus": 1}
 
@@ -173,7 +161,7 @@ def test_without_gpus_a_gpu_agent_fails_at_once(tmp_path: Path) -> None:
                                            "entry": "main:main"})
         assert r.status_code == 201, r.text
         t0 = time.time()
-        final = _end(d0, _start(d0, "gpu", "s-gpu0"))
+        final = d0.run_ended(_start(d0, "gpu", "s-gpu0"))
         assert time.time() - t0 < WAIT_S  # never fits: no wait
         assert final["status"] == "failed", final
         assert final["error"]["type"] == "ResourceError"

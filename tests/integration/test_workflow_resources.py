@@ -75,18 +75,6 @@ def _instances(d: DaemonProcess, run_id: str) -> list[str] | None:
     return sorted(i["instance_id"] for i in view["instances"]) if view["reported"] else None
 
 
-def _decide(d: DaemonProcess, run_id: str, *decisions: dict[str, Any]) -> list[dict[str, Any]]:
-    r = d.post(f"/v1/runs/{run_id}/control/decisions", json={"decisions": list(decisions)})
-    assert r.status_code == 200, r.text
-    return list(r.json()["results"])
-
-
-def _end(d: DaemonProcess, run_id: str) -> dict[str, Any]:
-    return dict(wait_for(what="the run to end", check=lambda: (
-        v if (v := d.get(f"/v1/runs/{run_id}").json())["status"] in
-        ("finished", "failed", "cancelled") else None), timeout=40))
-
-
 def _events(d: DaemonProcess, session: str) -> list[dict[str, Any]]:
     time.sleep(0.3)  # the batched writer commits within ~50 ms
     rows = d.get(f"/v1/sessions/{session}/trace", params={"limit": 1000}).json()["data"]
@@ -102,17 +90,17 @@ def test_provision_refused_for_lack_of_capacity_and_kill_frees_it(d: DaemonProce
     rid = run["id"]
     wait_for(what="the first view", timeout=20, check=lambda: _instances(d, rid) == ["Big#0"])
     provision = {"kind": "Provision", "agent_type": "Big", "reason": "test"}
-    first, second = _decide(d, rid, provision, provision)
+    first, second = d.decide(rid, provision, provision)
     assert first["ok"], first
     # 400 + 400 reserved of 1024 MiB: a third instance's 400 do not fit
     assert not second["ok"] and "Big reserves memory_mb=400" in second["reason"]
     assert "224 of the run's memory_mb=1024 is free" in second["reason"]
     wait_for(what="Big#1", timeout=20, check=lambda: _instances(d, rid) == ["Big#0", "Big#1"])
-    assert _decide(d, rid, {"kind": "Kill", "instance_id": "Big#1"})[0]["ok"]
+    assert d.decide(rid, {"kind": "Kill", "instance_id": "Big#1"})[0]["ok"]
     wait_for(what="Big#1 gone", timeout=20, check=lambda: _instances(d, rid) == ["Big#0"])
-    again = _decide(d, rid, provision)[0]  # the kill gave its 400 MiB back
+    again = d.decide(rid, provision)[0]  # the kill gave its 400 MiB back
     assert again["ok"], again
-    final = _end(d, rid)
+    final = d.run_ended(rid, 40)
     assert final["status"] == "finished", final
     assert final["result"] == {"seen": [1, 2, 1, 2], "work": [0, 1, 2, 3]}
     events = _events(d, "s-res")
@@ -138,7 +126,7 @@ def test_start_up_stops_at_capacity_and_an_agent_too_big_fails_the_run(
     assert r.status_code == 201, r.text
     run = d.post("/v1/runs", json={"workflow": "too-big", "session_id": "s-res2",
                                    "limits": LIMITS}).json()
-    final = _end(d, run["id"])
+    final = d.run_ended(run["id"], 40)
     assert final["status"] == "failed", final
     error = final["error"]
     assert error["type"] == "ResourceError" and error["path"] == "main.py:20"

@@ -14,8 +14,6 @@ import pytest
 from tests.daemon_process import DaemonProcess
 from tests.integration.test_workflow_resource_wait import (
     WAIT_SRC,
-    _decide,
-    _end,
     _start,
     _trace,
 )
@@ -44,8 +42,8 @@ def test_the_default_policy_makes_room_for_a_waiting_call(d: DaemonProcess) -> N
         i["instance_id"] == "Holder#0"
         for i in d.get(f"/v1/runs/{run_id}/control").json().get("instances", ())))
     t0 = time.time()
-    assert _decide(d, run_id, {"kind": "Provision", "agent_type": "Holder"})["ok"]
-    final = _end(d, run_id)
+    assert d.decide(run_id, {"kind": "Provision", "agent_type": "Holder"})[0]["ok"]
+    final = d.run_ended(run_id)
     assert final["status"] == "finished", final
     assert final["result"]["first"] == 2 and final["result"]["second"] == 3
     assert time.time() - t0 < WAIT_S / 2

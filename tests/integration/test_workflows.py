@@ -36,14 +36,7 @@ def register(d: DaemonProcess, name: str, files: dict[str, str],
 def run_to_end(d: DaemonProcess, body: dict[str, Any], timeout: float = 30) -> dict[str, Any]:
     r = d.post("/v1/runs", json=body)
     assert r.status_code == 201, r.text
-    run_id = r.json()["id"]
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        view = d.get(f"/v1/runs/{run_id}").json()
-        if view["status"] in ("finished", "failed", "cancelled"):
-            return dict(view)
-        time.sleep(0.1)
-    raise AssertionError(f"run {run_id} did not end: {view}\n{d.log()}")
+    return d.run_ended(r.json()["id"], timeout)
 
 
 def trace_kinds(d: DaemonProcess, session: str) -> list[dict[str, Any]]:

@@ -134,12 +134,14 @@ def long_view_of(core: Any, now: float) -> LongView:
     return core.slo.views.long_view(now)  # type: ignore[no-any-return]
 
 
-async def test_held_measures_the_longest_step() -> None:
-    def spin(seconds: float) -> None:
-        end = cpu_time() + seconds
-        while cpu_time() < end:
-            pass
+def spin(seconds: float) -> None:
+    """Hold the CPU (and the loop) for `seconds` of this thread's CPU time."""
+    end = cpu_time() + seconds
+    while cpu_time() < end:
+        pass
 
+
+async def test_held_measures_the_longest_step() -> None:
     async def call() -> str:
         spin(0.002)
         await asyncio.sleep(0)
@@ -181,11 +183,6 @@ def test_a_frozen_copy_keeps_its_views_while_the_builder_moves_on() -> None:
 
 
 async def test_the_longest_step_names_the_awaits_around_it() -> None:
-    def spin(seconds: float) -> None:
-        end = cpu_time() + seconds
-        while cpu_time() < end:
-            pass
-
     async def call() -> None:
         await asyncio.sleep(0)  # FIRST
         spin(0.02)

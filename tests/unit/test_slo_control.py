@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,21 +18,15 @@ from daemon.policies.clock import cpu_time
 from daemon.policies.loop_hold import LOOP_HOLD_BUDGET_S
 from daemon.state import WorkerState
 from db import models
-from db.engine import make_engine, make_sessionmaker, sqlite_url, upgrade
-from db.writer import BatchWriter
 from scheduling.slo_metrics import CompletionRecord
+from tests.store_fixtures import Store
 
 WORKER = "w-0"
 
 
 @pytest.fixture
-async def make_core(tmp_path: Path) -> AsyncIterator[Any]:
-    url = sqlite_url(tmp_path / "agentd.db")
-    await upgrade(url)
-    engine = make_engine(url)
-    writer = BatchWriter(engine)
-    writer.start()
-    sessions = make_sessionmaker(engine)
+def make_core(tmp_path: Path, store_with_writer: Store) -> Any:
+    writer, sessions = store_with_writer
 
     def make(**config: Any) -> Core:
         core = Core(Config(data_dir=str(tmp_path), **config), writer, sessions)
@@ -42,9 +35,7 @@ async def make_core(tmp_path: Path) -> AsyncIterator[Any]:
                                            1, "h", now, now)
         return core
 
-    yield make
-    await writer.stop()
-    await engine.dispose()
+    return make
 
 
 def done(n: int, now: float, ttft_s: float, out: int = 5, slo_ttft_s: float = 4.0
