@@ -56,6 +56,7 @@ ENDED_PROGRAM_TTL_S = 10.0
 _LIVE_STATUSES = [s.value for s in ProgramStatus
                   if s not in (ProgramStatus.STOPPED, ProgramStatus.FAILED)]
 
+
 class CoreError(Exception):
     """An error a client caused or must know about; status is the HTTP status to answer."""
 

@@ -23,12 +23,12 @@ run's sandbox reports (`agents`), once per agent type and run.
   agent, the resource, what it needs and what is free) until a kill or a provision
   makes room (then a `future.placed` event), for at most the daemon's
   `runtime_resource_wait_s` (default 60 s) once ready; then it fails with a
-  ResourceError naming the same (a `future.wait_expired` event). Nothing reclaims idle
-  instances of other agents for it: room comes from the operator's or the active
-  policy's kills (the built-in reassignment policy only moves instances between agents
-  that have some). An agent whose one instance needs more than the run has in all
-  fails the call that first uses it at once, and so the run, naming the agent, the
-  resource and the capacity.
+  ResourceError naming the same (a `future.wait_expired` event). Room comes from the
+  operator's or the active policy's kills: the default policy's resource reassignment
+  kills idle instances of other agents for it, within their `min_instances`
+  (scheduling/control_policies/room.py). An agent whose one instance needs more than
+  the run has in all fails the call that first uses it at once, and so the run, naming
+  the agent, the resource and the capacity.
   Not enforced: isolation. An instance is a thread of its run's sandbox process, so one
   can use more memory or CPU than it reserved; the run's rlimits (per process) and its
   pids cgroup stay the only hard bound, shared by every instance. A per-agent hard
