@@ -1,8 +1,10 @@
-"""Engine benchmark on the real vLLM worker (wall clock, this machine's CPU).
+"""Engine benchmark on the real vLLM worker (wall clock; CPU, or a GPU with `--dtype bfloat16
+--cuda-graphs` as bench/gpu.sh runs it).
 
-(a) Gateway overhead: one stream of short chat requests sent to vLLM's own OpenAI server and
-    then through agentd to its vLLM worker (same model, dtype, KV cache, block size): throughput
-    ratio and added p50/p99 latency per request.
+(a) Gateway overhead: one stream of short streamed chat requests sent to vLLM's own OpenAI
+    server and then through agentd to its vLLM worker (same model, dtype, KV cache, block size,
+    eager or CUDA graphs): throughput ratio, added p50/p99 latency and time to first token per
+    request, and the ratio of time per output token.
 (b) Simulator fidelity: a slice of the Azure 2023 conversation trace (lengths scaled down,
     arrivals stretched, a few shared system prefixes so the prefix cache matters) replayed on
     the real worker through agentd and on the simulated engine with the calibrated cost model
@@ -67,20 +69,33 @@ class StreamResult:
     wall_s: float
     output_tokens: int
     latencies_s: list[float] = field(repr=False)
+    ttfts_s: list[float] = field(default_factory=list, repr=False)
+    tpots_s: list[float] = field(default_factory=list, repr=False)  # one per request, >1 token
 
     @property
     def throughput_rps(self) -> float:
         return self.requests / self.wall_s
 
-    def pct(self, q: float) -> float:
-        xs = sorted(self.latencies_s)
-        return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
+    def pct(self, q: float, xs: list[float] | None = None) -> float:
+        xs = sorted(self.latencies_s if xs is None else xs)
+        return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else 0.0
+
+    def extend(self, other: StreamResult) -> None:
+        self.requests += other.requests
+        self.wall_s += other.wall_s
+        self.output_tokens += other.output_tokens
+        self.latencies_s.extend(other.latencies_s)
+        self.ttfts_s.extend(other.ttfts_s)
+        self.tpots_s.extend(other.tpots_s)
 
     def summary(self) -> dict[str, Any]:
         return {"target": self.target, "requests": self.requests, "wall_s": self.wall_s,
                 "throughput_rps": self.throughput_rps, "output_tokens": self.output_tokens,
                 "p50_s": self.pct(0.5), "p99_s": self.pct(0.99),
-                "mean_s": statistics.fmean(self.latencies_s)}
+                "mean_s": statistics.fmean(self.latencies_s),
+                "ttft_p50_s": self.pct(0.5, self.ttfts_s),
+                "tpot_mean_s": statistics.fmean(self.tpots_s) if self.tpots_s else 0.0,
+                "tpot_p50_s": self.pct(0.5, self.tpots_s)}
 
 
 def chat_prompts(n: int) -> list[str]:
@@ -90,26 +105,46 @@ def chat_prompts(n: int) -> list[str]:
 
 async def run_stream(target: str, url: str, headers: dict[str, str], model: str,
                      prompts: list[str], concurrency: int, max_tokens: int) -> StreamResult:
+    """Streamed chat requests, so each one also gives its time to first token and its time
+    per output token after that (TPOT: from the first to the last content chunk)."""
     queue = list(reversed(prompts))
-    latencies: list[float] = []
-    tokens = 0
+    result = StreamResult(target, len(prompts), 0.0, 0, [])
+
+    async def one(client: httpx.AsyncClient, prompt: str) -> None:
+        body = {"model": model, "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}
+        t0 = time.perf_counter()
+        first = last = 0.0
+        tokens = 0
+        async with client.stream("POST", f"{url}/v1/chat/completions", json=body,
+                                 headers=headers) as r:
+            r.raise_for_status()
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    tokens = int(chunk["usage"]["completion_tokens"])
+                if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
+                    last = time.perf_counter()
+                    first = first or last
+        result.latencies_s.append(time.perf_counter() - t0)
+        result.output_tokens += tokens
+        if first:
+            result.ttfts_s.append(first - t0)
+            if tokens > 1:
+                result.tpots_s.append((last - first) / (tokens - 1))
 
     async def worker(client: httpx.AsyncClient) -> None:
-        nonlocal tokens
         while queue:
-            body = {"model": model, "messages": [{"role": "user", "content": queue.pop()}],
-                    "max_tokens": max_tokens, "temperature": 0}
-            t0 = time.perf_counter()
-            r = await client.post(f"{url}/v1/chat/completions", json=body, headers=headers)
-            latencies.append(time.perf_counter() - t0)
-            r.raise_for_status()
-            tokens += int(r.json()["usage"]["completion_tokens"])
+            await one(client, queue.pop())
 
     async with httpx.AsyncClient(timeout=300) as client:
         start = time.perf_counter()
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
-        wall = time.perf_counter() - start
-    return StreamResult(target, len(prompts), wall, tokens, latencies)
+        result.wall_s = time.perf_counter() - start
+    return result
 
 
 Target = tuple[str, str, dict[str, str], str]  # name, base url, headers, model
@@ -127,28 +162,26 @@ async def interleaved(targets: list[Target], prompts: list[str], args: argparse.
     merged = [StreamResult(t[0], 0, 0.0, 0, []) for t in targets]
     for chunk in chunks:
         for acc, (name, url, headers, model) in zip(merged, targets, strict=True):
-            r = await run_stream(name, url, headers, model, chunk, args.concurrency,
-                                 args.max_tokens)
-            acc.requests += r.requests
-            acc.wall_s += r.wall_s
-            acc.output_tokens += r.output_tokens
-            acc.latencies_s.extend(r.latencies_s)
+            acc.extend(await run_stream(name, url, headers, model, chunk, args.concurrency,
+                                        args.max_tokens))
     return merged
 
 
 class VllmServer:
     """vLLM's own OpenAI server on the same model and engine settings as agentd's worker."""
 
-    def __init__(self, model_dir: Path, log_path: Path) -> None:
+    def __init__(self, model_dir: Path, log_path: Path, dtype: str, cuda_graphs: bool) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.model = model_dir.name
         self._cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
                      "--model", str(model_dir), "--served-model-name", self.model,
-                     "--dtype", "float32", "--enforce-eager", "--block-size", str(BLOCK_SIZE),
+                     "--dtype", dtype, "--block-size", str(BLOCK_SIZE),
                      "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
                      "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "64",
                      "--port", str(self.port), "--disable-log-stats"]
+        if not cuda_graphs:
+            self._cmd.append("--enforce-eager")
         self._log_path = log_path
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -181,12 +214,16 @@ class VllmServer:
 
 
 def overhead_summary(direct: StreamResult, gateway: StreamResult) -> dict[str, Any]:
+    d, g = direct.summary(), gateway.summary()
     return {
-        "direct": direct.summary(), "agentd": gateway.summary(),
+        "direct": d, "agentd": g,
         "throughput_ratio": gateway.throughput_rps / direct.throughput_rps,
         "added_p50_ms": (gateway.pct(0.5) - direct.pct(0.5)) * 1e3,
         "added_p99_ms": (gateway.pct(0.99) - direct.pct(0.99)) * 1e3,
-        "targets": {"throughput_ratio": ">= 0.97", "added_p50_ms": "<= 2"},
+        "added_ttft_p50_ms": (g["ttft_p50_s"] - d["ttft_p50_s"]) * 1e3,
+        "tpot_ratio": g["tpot_mean_s"] / d["tpot_mean_s"] if d["tpot_mean_s"] else 0.0,
+        "targets": {"throughput_ratio": ">= 0.97", "added_p50_ms": "<= 2 (CPU)",
+                    "tpot_ratio": "<= 1.01 (GPU)"},
     }
 
 
@@ -340,6 +377,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--model", type=Path, default=MODEL_DIR)
     p.add_argument("--cost-model", default="smollm2-135m-cpu")
+    p.add_argument("--dtype", default="float32", help="both servers (bfloat16 on a GPU)")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="GPU: both servers capture CUDA graphs instead of running eagerly")
     p.add_argument("--gateway-requests", type=int, default=40)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--rounds", type=int, default=5, help="gateway stream split into rounds")
@@ -369,9 +409,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
 
     log("(a) starting vLLM's own OpenAI server and agentd -> vLLM worker")
-    server = VllmServer(args.model, tmp / "vllm-server.log")
+    server = VllmServer(args.model, tmp / "vllm-server.log", args.dtype, args.cuda_graphs)
     env = {"AGENTD_VLLM_KV_CACHE_BYTES": str(KV_CACHE_BYTES),
-           "AGENTD_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN), "AGENTD_VLLM_DTYPE": "float32"}
+           "AGENTD_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN), "AGENTD_VLLM_DTYPE": args.dtype,
+           "AGENTD_VLLM_CUDA_GRAPHS": "1" if args.cuda_graphs else "0"}
     d = DaemonProcess(tmp / "agentd", engine="vllm", extra_args=["--model", str(args.model)],
                       env=env)
     try:
@@ -409,7 +450,9 @@ def main(argv: list[str] | None = None) -> int:
 def report(result: dict[str, Any]) -> None:
     g, f = result["gateway_overhead"], result["sim_fidelity"]
     log(f"gateway: throughput ratio {g['throughput_ratio']:.3f}, added p50 "
-        f"{g['added_p50_ms']:+.1f} ms, added p99 {g['added_p99_ms']:+.1f} ms")
+        f"{g['added_p50_ms']:+.1f} ms, added p99 {g['added_p99_ms']:+.1f} ms, added TTFT p50 "
+        f"{g['added_ttft_p50_ms']:+.1f} ms, TPOT ratio {g['tpot_ratio']:.3f} "
+        f"({g['agentd']['tpot_mean_s'] * 1e3:.2f} vs {g['direct']['tpot_mean_s'] * 1e3:.2f} ms)")
     for k, e in f["relative_error"].items():
         log(f"fidelity {k:18s} real {f['real'][k]:9.4f} sim {f['sim'][k]:9.4f} error {e:+.1%}")
 

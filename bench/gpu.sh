@@ -1,23 +1,42 @@
 #!/usr/bin/env bash
 # Real-engine tests and benchmarks on a machine with an NVIDIA GPU.
-# Usage (from the repository root): bash bench/gpu.sh [RESULTS_DIR]
-# Installs plain vLLM (scripts/install-vllm.sh picks it when nvidia-smi works), converts
-# SmolLM2, runs the vLLM test files with the real parts required, then the engine benchmark.
+# Usage (from the repository root): bash bench/gpu.sh [--bench-only] [RESULTS_DIR]
+# Installs plain vLLM (scripts/install-vllm.sh picks it when nvidia-smi works) unless
+# .venv/bin/python already imports it (a machine without internet: bench/gpu_offline_install.sh),
+# converts SmolLM2, runs every vLLM test file with the real parts required, fits the sim's cost
+# model to this GPU (bf16, CUDA graphs) and runs the engine benchmark on the same settings.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+tests=1
+if [ "${1:-}" = "--bench-only" ]; then tests=0; shift; fi
 out=${1:-bench/results/gpu}
 mkdir -p "$out"
-nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpu.txt"
-make install
-bash scripts/install-vllm.sh .venv/bin/python
-.venv/bin/agentd model fetch-smollm2
-export AGENTD_REQUIRE_VLLM=1 PYTHONUNBUFFERED=1
-set +e
-.venv/bin/python -m pytest -ra tests/integration/test_vllm_engine.py \
-    tests/integration/test_vllm_daemon.py 2>&1 | tee "$out/tests.log"
-tests_rc=${PIPESTATUS[0]}
-if [ -f bench/engine.py ]; then
-    .venv/bin/python -m bench.engine 2>&1 | tee "$out/bench-engine.log"
-    cp bench/results/engine.json bench/results/engine.png "$out/" 2>/dev/null
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+if ! .venv/bin/python -c 'import daemon, vllm' 2>/dev/null; then
+    make install
+    bash scripts/install-vllm.sh .venv/bin/python
 fi
+# Without flashinfer installed, vLLM's sampler still imports its flashinfer backend unless told
+# not to use it; the PyTorch sampler it falls back to is vLLM's own.
+if ! .venv/bin/python -c 'import flashinfer' 2>/dev/null; then
+    export VLLM_USE_FLASHINFER_SAMPLER=0
+fi
+.venv/bin/python -m daemon.cli model fetch-smollm2
+export AGENTD_REQUIRE_VLLM=1 PYTHONUNBUFFERED=1
+tests_rc=0
+if [ "$tests" = 1 ]; then
+    set +e
+    .venv/bin/python -m pytest -ra -p no:cacheprovider tests/integration/test_vllm_engine.py \
+        tests/integration/test_vllm_daemon.py tests/integration/test_vllm_kv.py \
+        tests/integration/test_slo_llm_vllm.py 2>&1 | tee "$out/tests.log"
+    tests_rc=${PIPESTATUS[0]}
+    set -e
+fi
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-' | tr 'A-Z' 'a-z')
+cost="$out/smollm2-135m-$gpu.json"
+.venv/bin/python -m daemon.cli calibrate --dtype bfloat16 --cuda-graphs \
+    --name "smollm2-135m-$gpu" --out "$cost" 2>&1 | tee "$out/calibrate.log"
+.venv/bin/python -m bench.engine --dtype bfloat16 --cuda-graphs --cost-model "$cost" 2>&1 \
+    | tee "$out/bench-engine.log"
+cp bench/results/engine.json bench/results/engine.png "$out/"
 exit "$tests_rc"

@@ -261,6 +261,7 @@ class EngineSettings:
     max_model_len: int = 2048
     dtype: str = "float32"
     max_num_seqs: int = 32
+    cuda_graphs: bool = False  # GPU only; eager steps cost more per step than graphed ones
 
 
 async def calibrate(
@@ -270,7 +271,8 @@ async def calibrate(
 
     engine = VllmEngine(settings.model_dir, kv_cache_bytes=settings.kv_cache_bytes,
                         block_size=settings.block_size, max_model_len=settings.max_model_len,
-                        dtype=settings.dtype, max_num_seqs=settings.max_num_seqs)
+                        dtype=settings.dtype, max_num_seqs=settings.max_num_seqs,
+                        enforce_eager=not settings.cuda_graphs)
     progress(f"starting vLLM on {settings.model_dir} ({settings.dtype})")
     await engine.start()
     try:
@@ -283,7 +285,9 @@ async def calibrate(
     source = (f"agentd calibrate --engine vllm --model {settings.model_dir}"
               f"{' --quick' if grid.repeats == 1 else ''}; "
               f"{datetime.now(UTC):%Y-%m-%d}; {platform.node()} ({platform.machine()}, "
-              f"{_cpu_name()}), vLLM CPU, {settings.dtype}, block {settings.block_size}; "
+              f"{_cpu_name()}), vLLM on {_accelerator()}, {settings.dtype}, "
+              f"{'CUDA graphs' if settings.cuda_graphs else 'eager'}, "
+              f"block {settings.block_size}; "
               f"{len(samples)} grid points")
     defaults = {"kv_capacity_tokens": capacity, "block_size": settings.block_size,
                 "max_batch": settings.max_num_seqs, "max_batched_tokens": batched}
@@ -299,6 +303,18 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown CPU"
+
+
+def _accelerator() -> str:
+    """The GPU vLLM ran on, or "CPU"; read after the engine started, so torch is loaded."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    except Exception:  # a name for a log line; never worth failing a fit
+        pass
+    return "CPU"
 
 
 def fit_quality(model: CostModel, samples: Sequence[StepSample]) -> str:
@@ -326,10 +342,12 @@ def add_calibrate_parser(subparsers: Any) -> None:
     c.add_argument("--quick", action="store_true", help="a small grid (about a minute)")
     c.add_argument("--kv-cache-bytes", type=int, default=1 << 30)
     c.add_argument("--dtype", default="float32")
+    c.add_argument("--cuda-graphs", action="store_true",
+                   help="GPU only: capture CUDA graphs, as a worker with vllm_cuda_graphs does")
     c.set_defaults(func=cmd_calibrate)
 
 
-def cmd_calibrate(args: argparse.Namespace) -> int:
+def settings_from_args(args: argparse.Namespace) -> EngineSettings:
     model_dir = args.model
     if not model_dir:
         from daemon.models.smollm2 import DEFAULT_SMOLLM2_DIR
@@ -337,9 +355,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         model_dir = str(DEFAULT_SMOLLM2_DIR)
     if not Path(model_dir).is_dir():
         raise FileNotFoundError(2, "no model directory", model_dir)
-    name = args.name or Path(model_dir).name.lower()
+    return EngineSettings(model_dir, kv_cache_bytes=args.kv_cache_bytes, dtype=args.dtype,
+                          cuda_graphs=args.cuda_graphs)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    name = args.name or Path(settings.model_dir).name.lower()
     out = Path(args.out or f"{name}.json")
-    settings = EngineSettings(model_dir, kv_cache_bytes=args.kv_cache_bytes, dtype=args.dtype)
     grid = Grid.quick() if args.quick else Grid.full()
 
     def progress(msg: str) -> None:

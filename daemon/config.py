@@ -63,6 +63,7 @@ class Config:
     vllm_max_model_len: int = 2048
     vllm_dtype: str = "float32"
     vllm_block_size: int = 128  # a multiple of 32 on CPU
+    vllm_cuda_graphs: bool = False  # GPU only: capture CUDA graphs instead of eager mode
     auth: bool = True  # false only on a loopback host
     config_dir: str = ""  # holds the first-start operator token; empty = XDG config dir
     max_prompt_chars: int = 1_000_000  # 0 = no limit

@@ -254,10 +254,10 @@ def _write_marker(out_dir: Path, gguf_path: Path, seconds: float) -> None:
     (out_dir / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
 
 
-def fetch_command(dest: str) -> int:
-    """`agentd model fetch-smollm2 DIR`: exit code 0 on success, one line on error."""
+def fetch_command(dest: str | None) -> int:
+    """`agentd model fetch-smollm2 [DIR]`: exit code 0 on success, one line on error."""
     try:
-        path = fetch_smollm2(Path(dest))
+        path = fetch_smollm2(Path(dest) if dest else default_smollm2_dir())
     except FetchError as exc:
         print(f"agentd model: error: {exc}", file=sys.stderr)
         return 1

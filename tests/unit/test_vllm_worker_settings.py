@@ -1,0 +1,74 @@
+"""The vLLM settings that reach a worker's command line, and the CLIs that set them up."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from daemon import config
+from daemon.calibrate import EngineSettings, add_calibrate_parser, settings_from_args
+from daemon.models.smollm2 import MARKER, REQUIRED_FILES
+from daemon.supervisor import worker_command
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _vllm_cmd(env: dict[str, str]) -> list[str]:
+    cfg = config.load(env={"AGENTD_ENGINE": "vllm", **env})
+    return worker_command(cfg, "ipc:///tmp/x", "w0")
+
+
+def test_vllm_workers_run_eagerly_by_default() -> None:
+    assert "--no-enforce-eager" not in _vllm_cmd({})
+
+
+def test_cuda_graphs_setting_reaches_the_worker_command() -> None:
+    cmd = _vllm_cmd({"AGENTD_VLLM_CUDA_GRAPHS": "1", "AGENTD_VLLM_DTYPE": "bfloat16"})
+    assert "--no-enforce-eager" in cmd
+    assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
+
+
+def test_calibrate_cuda_graphs_flag_reaches_the_engine_settings(tmp_path: Path) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_calibrate_parser(parser.add_subparsers(dest="command"))
+    graphed = settings_from_args(parser.parse_args(
+        ["calibrate", "--model", str(tmp_path), "--dtype", "bfloat16", "--cuda-graphs"]))
+    assert graphed == EngineSettings(str(tmp_path), kv_cache_bytes=1 << 30, dtype="bfloat16",
+                                     cuda_graphs=True)
+    eager = settings_from_args(parser.parse_args(["calibrate", "--model", str(tmp_path)]))
+    assert not eager.cuda_graphs
+
+
+def _fetch(cache_home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache_home)}
+    return subprocess.run([sys.executable, "-m", "daemon.cli", "model", "fetch-smollm2", *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_fetch_without_a_directory_uses_the_default_one(tmp_path: Path) -> None:
+    # A finished conversion in the default place: nothing is downloaded, its path is printed.
+    model_dir = tmp_path / "agentd" / "models" / "SmolLM2-135M-Instruct"
+    model_dir.mkdir(parents=True)
+    for name in (*REQUIRED_FILES, MARKER):
+        (model_dir / name).write_text(json.dumps({}))
+    done = _fetch(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(model_dir)
+
+
+def test_fetch_into_a_half_written_default_directory_is_one_readable_line(
+    tmp_path: Path,
+) -> None:
+    model_dir = tmp_path / "agentd" / "models" / "SmolLM2-135M-Instruct"
+    model_dir.mkdir(parents=True)
+    (model_dir / "config.json").write_text("{}")
+    failed = _fetch(tmp_path)
+    assert failed.returncode == 1
+    assert failed.stderr.count("\n") == 1
+    assert "is not a finished conversion" in failed.stderr
+    assert "Traceback" not in failed.stderr
