@@ -262,6 +262,7 @@ class EngineSettings:
     dtype: str = "float32"
     max_num_seqs: int = 32
     cuda_graphs: bool = False  # GPU only; eager steps cost more per step than graphed ones
+    load_format: str = "auto"  # "dummy" times a model's shape from its config.json alone
 
 
 async def calibrate(
@@ -272,7 +273,8 @@ async def calibrate(
     engine = VllmEngine(settings.model_dir, kv_cache_bytes=settings.kv_cache_bytes,
                         block_size=settings.block_size, max_model_len=settings.max_model_len,
                         dtype=settings.dtype, max_num_seqs=settings.max_num_seqs,
-                        enforce_eager=not settings.cuda_graphs)
+                        enforce_eager=not settings.cuda_graphs,
+                        load_format=settings.load_format)
     progress(f"starting vLLM on {settings.model_dir} ({settings.dtype})")
     await engine.start()
     try:
@@ -287,6 +289,7 @@ async def calibrate(
               f"{datetime.now(UTC):%Y-%m-%d}; {platform.node()} ({platform.machine()}, "
               f"{_cpu_name()}), vLLM on {_accelerator()}, {settings.dtype}, "
               f"{'CUDA graphs' if settings.cuda_graphs else 'eager'}, "
+              f"{'random weights, ' if settings.load_format == 'dummy' else ''}"
               f"block {settings.block_size}; "
               f"{len(samples)} grid points")
     defaults = {"kv_capacity_tokens": capacity, "block_size": settings.block_size,
@@ -344,6 +347,9 @@ def add_calibrate_parser(subparsers: Any) -> None:
     c.add_argument("--dtype", default="float32")
     c.add_argument("--cuda-graphs", action="store_true",
                    help="GPU only: capture CUDA graphs, as a worker with vllm_cuda_graphs does")
+    c.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
+                   help="dummy: random weights, so a model directory needs only config.json and"
+                        " tokenizer files (times a model whose weights are not here)")
     c.set_defaults(func=cmd_calibrate)
 
 
@@ -356,7 +362,7 @@ def settings_from_args(args: argparse.Namespace) -> EngineSettings:
     if not Path(model_dir).is_dir():
         raise FileNotFoundError(2, "no model directory", model_dir)
     return EngineSettings(model_dir, kv_cache_bytes=args.kv_cache_bytes, dtype=args.dtype,
-                          cuda_graphs=args.cuda_graphs)
+                          cuda_graphs=args.cuda_graphs, load_format=args.load_format)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:

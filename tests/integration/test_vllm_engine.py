@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -240,6 +241,27 @@ async def test_tiny_kv_cache_preempts_and_counts_it() -> None:
         assert 0 < peak_used <= tiny.kv_capacity_tokens
     finally:
         await tiny.shutdown()
+
+
+async def test_dummy_weights_run_a_model_directory_without_weights(tmp_path: Path) -> None:
+    """`agentd calibrate --load-format dummy` times a model's shape from config.json alone."""
+    _require_vllm()
+    import shutil
+
+    from daemon.engines.vllm.engine import VllmEngine
+
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(MODEL_DIR / name, tmp_path / name)
+    shaped = VllmEngine(str(tmp_path), kv_cache_bytes=4 * BLOCK * KV_BYTES_PER_TOKEN_FP32,
+                        block_size=BLOCK, max_model_len=2 * BLOCK, load_format="dummy")
+    await shaped.start()
+    try:
+        deltas, finish = await _collect(shaped, _chat("dummy-1", "Hello", max_tokens=4))
+        assert finish.reason in ("stop", "length")
+        assert sum(d.num_tokens for d in deltas) >= 1
+        assert shaped.kv_capacity_tokens > 0
+    finally:
+        await shaped.shutdown()
 
 
 async def test_stats_collector_accumulates_real_vllm_stats() -> None:

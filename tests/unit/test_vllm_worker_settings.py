@@ -31,17 +31,19 @@ def test_cuda_graphs_setting_reaches_the_worker_command() -> None:
     assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
 
 
-def test_calibrate_cuda_graphs_flag_reaches_the_engine_settings(tmp_path: Path) -> None:
+def test_calibrate_flags_reach_the_engine_settings(tmp_path: Path) -> None:
     import argparse
 
     parser = argparse.ArgumentParser()
     add_calibrate_parser(parser.add_subparsers(dest="command"))
     graphed = settings_from_args(parser.parse_args(
-        ["calibrate", "--model", str(tmp_path), "--dtype", "bfloat16", "--cuda-graphs"]))
+        ["calibrate", "--model", str(tmp_path), "--dtype", "bfloat16", "--cuda-graphs",
+         "--load-format", "dummy"]))
     assert graphed == EngineSettings(str(tmp_path), kv_cache_bytes=1 << 30, dtype="bfloat16",
-                                     cuda_graphs=True)
+                                     cuda_graphs=True, load_format="dummy")
     eager = settings_from_args(parser.parse_args(["calibrate", "--model", str(tmp_path)]))
     assert not eager.cuda_graphs
+    assert eager.load_format == "auto"
 
 
 def _fetch(cache_home: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -45,6 +45,7 @@ class VllmEngine:
         enforce_eager: bool = True,
         max_num_seqs: int = 32,
         model_name: str | None = None,
+        load_format: str = "auto",
     ) -> None:
         if block_size % 32:
             # vLLM's CPU attention backend fails at start otherwise; say so up front.
@@ -58,6 +59,7 @@ class VllmEngine:
         self._max_model_len = max_model_len
         self._dtype = dtype
         self._enforce_eager = enforce_eager
+        self._load_format = load_format  # "dummy": random weights, for timing a model shape
         self._collector = StatsCollector()
         self._llm: Any = None
         self._tokenizer: Any = None
@@ -80,6 +82,7 @@ class VllmEngine:
             kv_cache_memory_bytes=self._kv_cache_bytes,
             enable_prefix_caching=True,
             enforce_eager=self._enforce_eager,
+            load_format=self._load_format,
             max_num_seqs=self.max_batch,
             # Our stat logger is the only consumer; vLLM's periodic log lines are noise.
             disable_log_stats=True,
