@@ -391,6 +391,44 @@ def test_reassignment_gives_for_good_only_what_the_donor_can_spare_after() -> No
             assert decisions[1] == Provision("lead", None, "24.0 s of work per instance")
 
 
+def _both_queue(chat_queued_at: float) -> Cluster:
+    """chat: 2 instances, both busy, 2 calls queued since `chat_queued_at` (4 s of work
+    per instance); code: 1 instance, 60 s queued. A budget of 3: only a loan helps."""
+    agents = {"chat": Directives(min_instances=1, max_instances=4),
+              "code": Directives(min_instances=1, max_instances=4)}
+    c = Cluster(agents)
+    for agent in ("chat", "chat", "code"):
+        c.add_instance(agent, now=0.0)
+    _backlog(c, "chat", 0, 2.0, 3.0)
+    for i in range(2):
+        c.create(f"run{i}", f"r{i}", "chat", 10.0)
+    for inst in c.alive("chat"):
+        assert c.start_next(inst.id, 10.0) is not None
+    for i in range(2):
+        c.create(f"q{i}", f"q{i}", "chat", chat_queued_at)
+    _backlog(c, "code", 30, 2.0, 60.0)
+    return c
+
+
+def test_reassignment_lends_from_a_busy_donor_whose_queue_is_not_growing() -> None:
+    """Both agents queue; chat has no instance to spare (the spare test refuses), but
+    its backlog is older than it is long (served faster than it came) and an instance
+    down it waits 8 s against code's 30 s with the instance: a loan that comes back.
+    The same backlog built in the last half second, or a loan for good, is refused."""
+    policy = ResourceReassignment(budget=3, min_gain_s=5.0)
+    busy = {"chat_0": 1.0, "chat_1": 1.0}
+    decisions = policy.decide(_used(_both_queue(10.0).view(60.0), **busy), 60.0)
+    assert [type(d) for d in decisions] == [Kill, Provision]
+    assert isinstance(decisions[0], Kill) and decisions[0].instance_id.startswith("chat#")
+    assert policy.decide(_used(_both_queue(59.5).view(60.0), **busy), 60.0) == []
+    for_good = _both_queue(10.0)
+    for_good.apply([Route("code", "code#0", "conversation")], 60.0)
+    assert policy.decide(_used(for_good.view(60.0), **busy), 60.0) == []
+    # code with the instance would wait 30 s, chat without it 8 s: a ratio of 4 refuses
+    strict = ResourceReassignment(budget=3, min_gain_s=5.0, ratio=4.0)
+    assert strict.decide(_used(_both_queue(10.0).view(60.0), **busy), 60.0) == []
+
+
 def test_default_policy_runs_all_three_through_the_global_controller() -> None:
     c = Cluster({"W": Directives(max_instances=3)})
     c.add_instance("W")
