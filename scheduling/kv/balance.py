@@ -15,10 +15,14 @@ def used_fraction(view: KvView, worker_id: str) -> float:
 
 def rebalance(view: KvView, program: ProgramView, threshold: float,
               fits: Callable[[str], bool]) -> str | None:
-    """The program's own worker, unless its KV use with this request would exceed
-    the least-used healthy worker's by more than `threshold`, moving narrows the
-    gap, and the request `fits` there: then that worker (the request recomputes
-    whatever of its context that worker does not cache)."""
+    """The program's own worker, unless its KV use exceeds the least-used healthy
+    worker's by more than `threshold` before this request, moving narrows the gap
+    (the gap is wider than the request's context), and the request `fits` there:
+    then that worker (the request recomputes whatever of its context that worker
+    does not cache).
+
+    The gap is taken before the request, not after: then a long context, whose move
+    recomputes the most, is not moved on a narrower gap than a short one."""
     home = view.home_worker(program)
     if home is None:
         return None
@@ -29,9 +33,8 @@ def rebalance(view: KvView, program: ProgramView, threshold: float,
     worker = view.worker(home)
     assert worker is not None
     share = program.context_tokens / max(worker.capacity_tokens, 1)
-    gap = used_fraction(view, home) + share - used_fraction(view, target)
-    narrows = used_fraction(view, target) + share < used_fraction(view, home)
-    if gap <= threshold or not narrows or not fits(target):
+    gap = used_fraction(view, home) - used_fraction(view, target)
+    if gap <= max(threshold, share) or not fits(target):
         return home
     return target
 

@@ -161,6 +161,18 @@ def test_a_ready_request_moves_to_a_much_less_used_worker_that_has_room() -> Non
     assert agentd().route(full, "a", NOW) == "w0"
 
 
+def test_the_balance_gap_is_taken_before_the_request_whatever_its_length() -> None:
+    # Capacity 1000, threshold 0.12. A gap of 0.15 moves a short and a mid-length
+    # context alike; one of 0.11 moves neither (taken after the request, 0.11 + 0.1
+    # would have moved the mid-length one, whose move recomputes five times as much).
+    def ready(name: str, tokens: int) -> ProgramView:
+        return prog(name, A, tokens, worker="w0", pending_request=True, ready_since=NOW)
+
+    for pid, tokens in (("short", 20), ("mid", 100)):
+        assert agentd().route(view(ready(pid, tokens), used=(600, 450)), pid, NOW) == "w1"
+        assert agentd().route(view(ready(pid, tokens), used=(600, 490)), pid, NOW) == "w0"
+
+
 def test_a_cold_paused_program_queues_with_new_programs_shortest_first() -> None:
     # Room for one more: the cached paused program first, then the shortest of the
     # cold paused one and the new one; ThunderAgent's order puts every paused one first.
@@ -235,7 +247,8 @@ def test_lasting_balance_moves_a_request_only_when_admitted_demand_is_skewed_too
     lasting = view(back, prog("b", A, 300, worker="w0"), used=(600, 100))
     assert agentd(lasting_balance=True).route(lasting, "a", NOW) == "w1"
     # At the threshold (200 of 1000 admitted vs 0) it stays.
-    assert agentd(lasting_balance=True).route(view(back, used=(600, 100)), "a", NOW) == "w0"
+    at_threshold = agentd(lasting_balance=True, balance_route=0.2)
+    assert at_threshold.route(view(back, used=(600, 100)), "a", NOW) == "w0"
     assert agentd(lasting_balance=True, balance_route=0.0).route(lasting, "a", NOW) == "w0"
 
 
