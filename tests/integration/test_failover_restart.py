@@ -5,12 +5,16 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
+from typing import Any
 
 import openai
 
+from console.workflow_cmd import read_bundle
 from tests.daemon_process import DaemonProcess
 
 MODEL = "sim-llama3-8b"
+ROUTER = Path(__file__).resolve().parents[2] / "examples" / "router"
 
 
 def test_stream_survives_sigkill_of_its_worker(daemon_factory) -> None:  # type: ignore[no-untyped-def]
@@ -90,6 +94,28 @@ def test_restart_keeps_sessions_programs_and_traces(daemon_factory) -> None:  # 
     )
     assert d.get("/v1/programs/p-keep").json()["steps"] == 2
     assert d.get("/v1/sessions/s-keep").json()["programs"][0]["id"] == "p-keep"
+
+
+def test_restart_keeps_a_sessions_managed_state_and_the_workflow(daemon_factory) -> None:  # type: ignore[no-untyped-def]
+    d: DaemonProcess = daemon_factory(workers=1).start()
+    bundle = {"name": "router", "files": read_bundle(ROUTER), "entry": "main:main"}
+    assert d.post("/v1/workflows", json=bundle).status_code == 201
+
+    def turn(request: str) -> dict[str, Any]:
+        r = d.post("/v1/runs", json={"workflow": "router", "session_id": "s-managed",
+                                     "args": {"request": request}})
+        assert r.status_code == 201, r.text
+        view = d.run_ended(r.json()["id"], 30)
+        assert view["status"] == "finished", view
+        result: dict[str, Any] = view["result"]
+        return result
+
+    assert turn("how are you today?")["turns"] == "1"
+    assert d.stop() == 0
+    d.start()
+    # The router counts its turns in a ManagedList bound to the session: the count goes on
+    # from the stored state, and the registered workflow is still there to run.
+    assert turn("and now?")["turns"] == "2"
 
 
 def test_sigterm_stops_workers_and_flushes(daemon_factory) -> None:  # type: ignore[no-untyped-def]
