@@ -162,6 +162,12 @@ class DaemonProcess:
                                      f"{self.log()}")
             time.sleep(0.1)
 
+    def run_to_end(self, body: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
+        """Start a run (`POST /v1/runs` with `body`) and return its view once it has ended."""
+        r = self.post("/v1/runs", json=body)
+        assert r.status_code == 201, r.text
+        return self.run_ended(r.json()["id"], timeout)
+
     def decide(self, run_id: str, *decisions: dict[str, Any]) -> list[dict[str, Any]]:
         """Send control decisions for a run as the operator; one result per decision."""
         r = self.post(f"/v1/runs/{run_id}/control/decisions",

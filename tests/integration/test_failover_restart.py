@@ -102,10 +102,8 @@ def test_restart_keeps_a_sessions_managed_state_and_the_workflow(daemon_factory)
     assert d.post("/v1/workflows", json=bundle).status_code == 201
 
     def turn(request: str) -> dict[str, Any]:
-        r = d.post("/v1/runs", json={"workflow": "router", "session_id": "s-managed",
-                                     "args": {"request": request}})
-        assert r.status_code == 201, r.text
-        view = d.run_ended(r.json()["id"], 30)
+        view = d.run_to_end({"workflow": "router", "session_id": "s-managed",
+                             "args": {"request": request}})
         assert view["status"] == "finished", view
         result: dict[str, Any] = view["result"]
         return result

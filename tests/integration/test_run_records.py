@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 
 from tests.daemon_process import DaemonProcess
-from tests.integration.test_workflows import register, run_to_end
+from tests.integration.test_workflows import register
 
 WORKFLOW = '''
 def main(n: int) -> dict:
@@ -22,7 +22,7 @@ def test_a_run_from_before_a_restart_is_read_from_its_record(tmp_path: Path) -> 
     d = DaemonProcess(tmp_path / "data").start()
     try:
         assert register(d, "twice", {"main.py": WORKFLOW}).status_code == 201
-        done = run_to_end(d, {"workflow": "twice", "args": {"n": 21}})
+        done = d.run_to_end({"workflow": "twice", "args": {"n": 21}})
         assert done["status"] == "finished" and done["result"] == {"twice": 42}
     finally:
         d.stop()

@@ -73,12 +73,6 @@ def names(d: DaemonProcess) -> set[str]:
     return {w["name"] for w in d.get("/v1/workflows").json()["data"]}
 
 
-def run_to_end(d: DaemonProcess, body: dict[str, Any], timeout: float = 60) -> dict[str, Any]:
-    r = d.post("/v1/runs", json=body)
-    assert r.status_code == 201, r.text
-    return d.run_ended(r.json()["id"], timeout)
-
-
 def trace(d: DaemonProcess, session: str) -> list[dict[str, Any]]:
     time.sleep(0.3)  # the batched writer commits within ~50 ms
     return list(d.get(f"/v1/sessions/{session}/trace", params={"limit": 1000}).json()["data"])
@@ -143,9 +137,9 @@ def test_a_run_uses_its_bundles_tool_prepared_while_it_reasons(
     name = f"env-{bundle_spec.get('backend', 'docker')}"
     assert register(d, name, {"env": bundle_spec}).status_code == 201
     session = f"s-{name}"
-    view = run_to_end(d, {"workflow": name, "session_id": session, "tools": ["env"],
-                          "args": {"command": "cat ready", "tool": "env",
-                                   "pause_s": SETUP_S + 1.0}})
+    view = d.run_to_end({"workflow": name, "session_id": session, "tools": ["env"],
+                         "args": {"command": "cat ready", "tool": "env",
+                                  "pause_s": SETUP_S + 1.0}}, timeout=60)
     assert view["status"] == "finished", view
     assert view["result"]["status"] == 200, view["result"]
     assert view["result"]["body"]["stdout"] == "ready\n"

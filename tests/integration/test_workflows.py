@@ -33,12 +33,6 @@ def register(d: DaemonProcess, name: str, files: dict[str, str],
     return d.post("/v1/workflows", json={"name": name, "files": files, "entry": entry})
 
 
-def run_to_end(d: DaemonProcess, body: dict[str, Any], timeout: float = 30) -> dict[str, Any]:
-    r = d.post("/v1/runs", json=body)
-    assert r.status_code == 201, r.text
-    return d.run_ended(r.json()["id"], timeout)
-
-
 def trace_kinds(d: DaemonProcess, session: str) -> list[dict[str, Any]]:
     time.sleep(0.3)  # the batched writer commits within ~50 ms
     return list(d.get(f"/v1/sessions/{session}/trace", params={"limit": 1000}).json()["data"])
@@ -46,12 +40,12 @@ def trace_kinds(d: DaemonProcess, session: str) -> list[dict[str, Any]]:
 
 def test_router_example_both_branches(d: DaemonProcess) -> None:
     assert register(d, "router", read_bundle(EXAMPLES / "router")).status_code == 201
-    coding = run_to_end(d, {"workflow": "router", "session_id": "s-router",
-                            "args": {"request": "fix the bug in my python function"}})
+    coding = d.run_to_end({"workflow": "router", "session_id": "s-router",
+                           "args": {"request": "fix the bug in my python function"}})
     assert coding["status"] == "finished", coding
     assert coding["result"]["branch"] == "coding" and coding["result"]["answer"]
-    chat = run_to_end(d, {"workflow": "router", "session_id": "s-router",
-                          "args": {"request": "how are you today?"}})
+    chat = d.run_to_end({"workflow": "router", "session_id": "s-router",
+                         "args": {"request": "how are you today?"}})
     assert chat["result"]["branch"] == "chat"
     assert chat["result"]["turns"] == "2"  # the ManagedList persisted in the session
     session = d.get("/v1/sessions/s-router").json()
@@ -101,8 +95,8 @@ def test_swe_example_plans_develops_tests_and_retries(d: DaemonProcess) -> None:
     """NALAR's software-engineering workflow: planner -> developers -> testers, failed
     subtasks retried with the test log; agents behind generated stubs."""
     assert register(d, "swe", read_bundle(EXAMPLES / "swe")).status_code == 201
-    view = run_to_end(d, {"workflow": "swe", "session_id": "s-swe",
-                          "args": {"request": "OAuth login", "size": 5}}, timeout=90)
+    view = d.run_to_end({"workflow": "swe", "session_id": "s-swe",
+                         "args": {"request": "OAuth login", "size": 5}}, timeout=90)
     assert view["status"] == "finished", view
     result = view["result"]
     # the tester fails the data model and the docs once, the user interface twice
@@ -141,7 +135,7 @@ def test_user_error_names_agent_and_path(d: DaemonProcess) -> None:
     src = ("import agentd\n\n@agentd.agent\nclass Bad:\n    def go(self, x):\n"
            "        return 1 / x\n\ndef main():\n    return Bad().go(0) + 1\n")
     assert register(d, "fails", {"main.py": src}).status_code == 201
-    view = run_to_end(d, {"workflow": "fails"})
+    view = d.run_to_end({"workflow": "fails"})
     err = view["error"]
     assert view["status"] == "failed" and err["kind"] == "user"
     assert err["type"] == "ZeroDivisionError" and "agent Bad.go" in err["agent"]
@@ -152,7 +146,7 @@ def test_memory_limit_stops_the_run(d: DaemonProcess) -> None:
     src = ("def main():\n    blocks = [bytearray(64 * 2**20) for _ in range(64)]\n"
            "    return len(blocks)\n")
     assert register(d, "hog", {"main.py": src}).status_code == 201
-    view = run_to_end(d, {"workflow": "hog", "limits": {"memory_mb": 400}})
+    view = d.run_to_end({"workflow": "hog", "limits": {"memory_mb": 400}})
     assert view["status"] == "failed"
     assert view["error"]["kind"] == "system"
     assert "memory limit exceeded" in view["error"]["reason"]
@@ -161,7 +155,7 @@ def test_memory_limit_stops_the_run(d: DaemonProcess) -> None:
 def test_cpu_limit_stops_the_run(d: DaemonProcess) -> None:
     src = "def main():\n    while True:\n        pass\n"
     assert register(d, "spin", {"main.py": src}).status_code == 201
-    view = run_to_end(d, {"workflow": "spin", "limits": {"cpu_s": 1}}, timeout=60)
+    view = d.run_to_end({"workflow": "spin", "limits": {"cpu_s": 1}}, timeout=60)
     assert view["status"] == "failed"
     assert view["error"]["reason"] == "cpu time limit exceeded (1 s)"
 
@@ -174,14 +168,14 @@ def test_run_cannot_open_the_daemon_database(d: DaemonProcess) -> None:
            "    return sqlite3.connect(path).execute('select 1').fetchall()\n")
     assert register(d, "snoop", {"main.py": src}).status_code == 201
     for how in ("open", "sqlite"):
-        view = run_to_end(d, {"workflow": "snoop", "args": {"path": str(db), "how": how}})
+        view = d.run_to_end({"workflow": "snoop", "args": {"path": str(db), "how": how}})
         assert view["status"] == "failed", view
         assert "agentd sandbox" in view["error"]["message"] and str(db) in view["error"]["message"]
         assert view["error"]["type"] == "SandboxDenied"
     # and nothing of the daemon's is in its environment
     env_src = "import os\n\ndef main():\n    return dict(os.environ)\n"
     assert register(d, "env", {"main.py": env_src}).status_code == 201
-    env = run_to_end(d, {"workflow": "env"})["result"]
+    env = d.run_to_end({"workflow": "env"})["result"]
     assert str(d.data_dir) not in json.dumps(env)
     assert set(env) <= {"PATH", "LANG", "MALLOC_ARENA_MAX", "PYTHONUNBUFFERED", "AGENTD_RUN_ID",
                         "AGENTD_PROGRAM_ID", "AGENTD_SESSION_ID", "AGENTD_DAEMON_URL",
