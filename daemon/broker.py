@@ -102,11 +102,17 @@ class Broker:
         self._ctx.term()
 
     def send(self, identity: bytes, message: protocol.DaemonMessage) -> None:
+        """Raises protocol.EncodeError for a message the wire cannot carry."""
+        self.send_frame(identity, protocol.encode(message), type(message).__name__)
+
+    def send_frame(self, identity: bytes, frame: bytes, what: str) -> None:
+        """Send a message encoded already: a caller that must change no state for a
+        message that cannot be encoded encodes it first (Core._dispatch)."""
         assert self._sock is not None
         try:
-            self._sock.send_multipart([identity, protocol.encode(message)], flags=zmq.NOBLOCK)
+            self._sock.send_multipart([identity, frame], flags=zmq.NOBLOCK)
         except zmq.Again:
-            log.warning("worker %s is not keeping up; dropped %s", identity, type(message).__name__)
+            log.warning("worker %s is not keeping up; dropped %s", identity, what)
 
     async def _recv_loop(self) -> None:
         assert self._sock is not None

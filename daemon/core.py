@@ -418,6 +418,9 @@ class Core:
             open_.discard(worker_id)
 
     def _dispatch(self, req: RequestState, program: ProgramState, worker: WorkerState) -> None:
+        frame = self._submit_frame(req)
+        if frame is None:
+            return
         now = time.time()
         first_dispatch = req.dispatched_at is None
         req.status = RequestStatus.RUNNING
@@ -425,18 +428,7 @@ class Core:
         req.dispatched_at = req.dispatched_at or now
         worker.inflight.add(req.id)
         self.watch.dispatched(req.id, worker.id, now, req.output_tokens)
-        sampling = req.sampling
-        if req.output_tokens:
-            remaining = max(1, sampling.max_tokens - req.output_tokens)
-            sampling = protocol.SamplingParams(**{
-                **{f: getattr(sampling, f) for f in sampling.__struct_fields__},
-                "max_tokens": remaining,
-            })
-        self.broker.send(worker.identity, protocol.Submit(
-            request_id=req.id, program_id=req.program_id, prompt=req.prompt,
-            messages=req.messages, continuation=req.text_so_far, sampling=sampling,
-            priority=req.priority,
-        ))
+        self.broker.send_frame(worker.identity, frame, "Submit")
         program.worker_id = worker.id
         program.ready_request = None
         program.ready_since = None
@@ -452,6 +444,30 @@ class Core:
             request_id=req.id, worker_id=worker.id, failover=not first_dispatch,
             **self.slo.on_dispatch(req, worker.id),
         )
+
+    def _submit_frame(self, req: RequestState) -> bytes | None:
+        """The request's Submit as sent, or None when it cannot be encoded. Encoded before
+        the request is marked as sent, so one that cannot be fails alone: no worker holds
+        it, waits on it or is suspected of stalling on it."""
+        sampling = req.sampling
+        if req.output_tokens:  # a failover: the rest of the budget, after the text so far
+            remaining = max(1, sampling.max_tokens - req.output_tokens)
+            sampling = protocol.SamplingParams(**{
+                **{f: getattr(sampling, f) for f in sampling.__struct_fields__},
+                "max_tokens": remaining,
+            })
+        try:
+            return protocol.encode(protocol.Submit(
+                request_id=req.id, program_id=req.program_id, prompt=req.prompt,
+                messages=req.messages, continuation=req.text_so_far, sampling=sampling,
+                priority=req.priority,
+            ))
+        except protocol.EncodeError as exc:
+            log.warning("request %s of program %s cannot be sent: %s", req.id,
+                        req.program_id, exc)
+            self._end_request(req, RequestStatus.FAILED, "error",
+                              error=f"the request cannot be sent to an engine: {exc}")
+            return None
 
     # --- worker messages --------------------------------------------------------
 

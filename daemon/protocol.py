@@ -148,8 +148,16 @@ class ProtocolError(ValueError):
     """A frame that is not a valid message of this protocol."""
 
 
+class EncodeError(ValueError):
+    """A message the wire cannot carry: an integer outside msgpack's 64 bits, a string
+    that is not valid Unicode. The gateway's ranges keep requests from causing one."""
+
+
 def encode(message: Message) -> bytes:
-    return _encoder.encode(message)
+    try:
+        return _encoder.encode(message)
+    except (OverflowError, UnicodeEncodeError, TypeError, msgspec.EncodeError) as exc:
+        raise EncodeError(f"{type(message).__name__} cannot be encoded: {exc}") from exc
 
 
 def decode_from_worker(frame: bytes) -> WorkerMessage:

@@ -9,6 +9,8 @@ logged with their traceback and answered with a generic 500 that leaks nothing.
 from __future__ import annotations
 
 import logging
+from array import array
+from itertools import accumulate
 from typing import Any, TypeVar
 
 import msgspec
@@ -131,10 +133,58 @@ class ErrorSchemaPlugin(ReceiveRoutePlugin):
             handler.responses = {**dict.fromkeys(codes, _ERROR), **(handler.responses or {})}
 
 
+# --- request bodies ------------------------------------------------------------------
+
+# How deeply a request body may nest arrays and objects: ample for real JSON schemas,
+# tool specs and run arguments, and far below where decoding (or any later walk of the
+# value) would exhaust the interpreter's stack.
+MAX_JSON_DEPTH = 64
+
+_NOT_MARKS = bytes(b for b in range(256) if b not in b'[]{}"')
+_DEPTH_STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")  # +1 in, -1 (as int8) out
+_SCAN_CHUNK = 1 << 16
+
+
+def nests_too_deep(body: bytes) -> bool:
+    """Whether a JSON text nests arrays and objects deeper than MAX_JSON_DEPTH (brackets
+    in strings do not count). Checked on the bytes, before decoding, in steps that run in
+    C; a body with no more opening brackets than the limit is not scanned at all."""
+    if body.count(b"[") + body.count(b"{") <= MAX_JSON_DEPTH:
+        return False
+    return _exceeds_limit(_brackets_outside_strings(body))
+
+
+def _brackets_outside_strings(body: bytes) -> bytes:
+    # Without escaped backslashes, then escaped quotes, every quote opens or closes a string.
+    unescaped = body.replace(b"\\\\", b"").replace(b'\\"', b"")
+    # Brackets and quotes only; a string with no bracket in it is then "" and goes first.
+    marks = unescaped.translate(None, _NOT_MARKS).replace(b'""', b"")
+    return b"".join(marks.split(b'"')[::2])
+
+
+def _exceeds_limit(brackets: bytes) -> bool:
+    """Whether the running depth passes the limit, chunk by chunk: a deep body is found
+    in its first chunk rather than after a walk of all of it."""
+    depth = 0
+    for start in range(0, len(brackets), _SCAN_CHUNK):
+        steps = array("b", brackets[start:start + _SCAN_CHUNK].translate(_DEPTH_STEPS))
+        if max(accumulate(steps, initial=depth)) > MAX_JSON_DEPTH:
+            return True
+        depth += sum(steps)
+    return False
+
+
 def decode_body(body: bytes, kind: type[T]) -> T:
-    """Decode JSON into a struct; the error names the field that is wrong."""
+    """Decode JSON into a struct; the error names the field that is wrong.
+
+    Every JSON body the API reads comes through here, so the depth limit and the UTF-8
+    check hold for all of them.
+    """
     if not body:
         raise ApiError(400, "request body is empty; expected a JSON object", "invalid_json")
+    if nests_too_deep(body):
+        raise ApiError(400, f"JSON nests arrays and objects deeper than {MAX_JSON_DEPTH} "
+                       "levels", "invalid_json")
     try:
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:
@@ -143,3 +193,6 @@ def decode_body(body: bytes, kind: type[T]) -> T:
         raise ApiError(400, f"invalid request: {text}", "invalid_value", param) from exc
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"malformed JSON: {exc}", "invalid_json") from exc
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, f"request body is not valid UTF-8 ({exc.reason})",
+                       "invalid_json") from exc

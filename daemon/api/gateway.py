@@ -8,13 +8,14 @@ Without them every request is its own program, released when it ends.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from litestar import Controller, Request, Response, get, post
 from litestar.response import Stream
 
 from daemon.api.errors import ApiError, decode_body, error_body
+from daemon.api.ids import id_problem
 from daemon.api.tenants import request_tenant
 from daemon.auth import READ, SUBMIT, principal_of, run_program
 from daemon.core import Core
@@ -45,26 +46,38 @@ class ResponseFormat(msgspec.Struct):
     json_schema: dict[str, Any] | None = None
 
 
+# The integers a request forwards to the engines, in the ranges they take: a seed is a
+# signed 64-bit integer (vLLM's OpenAI server bounds it the same way), top_k an int32 (-1
+# or 0: off), a priority an int32. Each fits the worker protocol's msgpack integers, so
+# a request that passes these encodes (README, "The API").
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+Seed = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+TopK = Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)]
+Priority = Annotated[int, msgspec.Meta(ge=INT32_MIN, le=INT32_MAX)]
+# At most the configured max_tokens_limit too (_sampling).
+MaxTokens = Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)]
+
+
 class _Common(msgspec.Struct, kw_only=True):
     model: str
-    max_tokens: int | None = None
+    max_tokens: MaxTokens | None = None
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1
+    top_k: TopK = -1
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     program_id: str | None = None
     session_id: str | None = None
-    priority: int = 0
+    priority: Priority = 0
     tenant: str | None = None  # operator tokens only (daemon/tenancy.py); or X-Tenant
 
 
 class ChatRequest(_Common, kw_only=True):
     messages: list[InMessage]
-    max_completion_tokens: int | None = None
+    max_completion_tokens: MaxTokens | None = None
     response_format: ResponseFormat | None = None
 
 
@@ -119,6 +132,8 @@ class GatewayController(Controller):
                 raise ApiError(400, "'prompt' must be one string (batched prompts are not "
                                "supported; send one request per prompt)", param="prompt")
             prompt = prompt[0]
+        if not prompt:
+            raise ApiError(400, "'prompt' must not be empty", param="prompt")
         sampling = _sampling(core, body, body.max_tokens)
         tenant = await request_tenant(request, core, body.tenant)
         admit(request, core, len(prompt), "prompt", tenant)
@@ -148,8 +163,6 @@ def _sampling(core: Core, body: _Common, max_tokens: int | None) -> SamplingPara
                        "the models", "model_not_found", param="model")
     if body.n != 1:
         raise ApiError(400, "only n=1 is supported", param="n")
-    if max_tokens is not None and max_tokens < 1:
-        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
     limit = core.config.max_tokens_limit
     if max_tokens is not None and max_tokens > limit:
         raise ApiError(400, f"max_tokens {max_tokens} exceeds the limit of {limit}",
@@ -172,8 +185,8 @@ async def _program(core: Core, request: Request[Any, Any, Any], body: _Common,
     if session_id is None and "x-session-id" in request.headers:
         session_id, session_field = request.headers["x-session-id"], "X-Session-Id"
     for name, value in ((program_field, program_id), (session_field, session_id)):
-        if value is not None and not (0 < len(value) <= 128 and value.isprintable()):
-            raise ApiError(400, f"{name} must be 1-128 printable characters", param=name)
+        if value is not None and (problem := id_problem(value)) is not None:
+            raise ApiError(400, f"{name} {problem}", param=name)
     program_id, session_id = run_program(principal_of(request), program_id, program_field,
                                          session_id, session_field)
     return await open_program(core, program_id, session_id, tenant)

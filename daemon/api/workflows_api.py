@@ -23,6 +23,7 @@ from litestar import Controller, Request, delete, get, post, put
 from litestar.response import Stream
 
 from daemon.api.errors import ApiError, decode_body
+from daemon.api.ids import id_problem
 from daemon.api.policies_api import MAX_VERSION
 from daemon.api.policies_api import service as policy_service
 from daemon.api.tenants import request_tenant
@@ -191,10 +192,8 @@ class WorkflowsController(Controller):
     async def start(self, request: Request[Any, Any, Any], tools: ToolService) -> dict[str, Any]:
         _refuse_run_token(request, runs_of(request), "start runs")
         body = decode_body(await request.body(), RunBody)
-        if body.session_id is not None and not (0 < len(body.session_id) <= 128
-                                                and body.session_id.isprintable()):
-            raise ApiError(400, "session_id must be 1-128 printable characters",
-                           param="session_id")
+        if body.session_id is not None and (problem := id_problem(body.session_id)):
+            raise ApiError(400, f"session_id {problem}", param="session_id")
         try:
             json.dumps(body.args)
         except (TypeError, ValueError) as exc:
