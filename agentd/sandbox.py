@@ -26,6 +26,10 @@ the daemon answers through it): the daemon's way to learn what this machine allo
 
 The one line on stdout is the result: {"ok": true, "result": ...} or {"ok": false,
 "kind": "user" | "system", "reason", "error": {type, message, traceback, agent, path}}.
+A result line longer than the spec's `max_result_bytes` is replaced by a failure that says
+so, and a failure's texts are cut (`REPORT_TEXT_CHARS`, the traceback's end kept), so the
+line fits what the daemon reads (daemon/runtime/runs.py bounds its read as well: this
+process runs user code and cannot be trusted to keep to the cap).
 """
 
 from __future__ import annotations
@@ -45,6 +49,10 @@ from urllib.parse import urlsplit
 from agentd import isolation
 
 MIB = 1024 * 1024
+# How much of a failure's message, reason and other texts the result line carries; a
+# traceback keeps its last TRACEBACK_CHARS (where the error was raised).
+REPORT_TEXT_CHARS = 2000
+TRACEBACK_CHARS = 8000
 _PROCESS_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
                    "os.fork", "os.forkpty", "pty.spawn", "os.startfile")
 _NATIVE_EVENTS = ("ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.addressof")
@@ -233,14 +241,22 @@ def _starts_process(exc: BaseException) -> bool:
     return any(word in line for word in ("fork", "spawn", "Popen", "start"))
 
 
+def _cut(text: str | None, keep: int = REPORT_TEXT_CHARS) -> str | None:
+    if text is None or len(text) <= keep:
+        return text
+    return text[:keep] + f"... [{len(text) - keep} more characters]"
+
+
 def failure(exc: BaseException, workdir: str, limits: dict[str, Any]) -> dict[str, Any]:
-    error = {"type": type(exc).__name__, "message": str(exc),
-             "traceback": "".join(traceback.format_exception(exc)),
-             "agent": _agent_of(exc), "path": _user_frame(exc, workdir)}
+    trace = "".join(traceback.format_exception(exc))
+    if len(trace) > TRACEBACK_CHARS:
+        trace = f"[{len(trace) - TRACEBACK_CHARS} characters cut]\n" + trace[-TRACEBACK_CHARS:]
+    error = {"type": _cut(type(exc).__name__), "message": _cut(str(exc)), "traceback": trace,
+             "agent": _cut(_agent_of(exc)), "path": _cut(_user_frame(exc, workdir))}
     reason = _limit_reason(exc, workdir, limits)
     if reason is not None:
-        return {"ok": False, "kind": "system", "reason": reason, "error": error}
-    return {"ok": False, "kind": "user", "reason": f"{type(exc).__name__}: {exc}",
+        return {"ok": False, "kind": "system", "reason": _cut(reason), "error": error}
+    return {"ok": False, "kind": "user", "reason": _cut(f"{type(exc).__name__}: {exc}"),
             "error": error}
 
 
@@ -249,6 +265,17 @@ def _to_json(value: Any) -> str:
         return json.dumps({"ok": True, "result": value})
     except (TypeError, ValueError):
         return json.dumps({"ok": True, "result": repr(value), "result_is_repr": True})
+
+
+def result_line(value: Any, max_bytes: int | None) -> str:
+    """The result line, or a failure naming the cap when it is longer than `max_bytes`
+    (JSON's default ASCII escaping makes its length its size in bytes)."""
+    line = _to_json(value)
+    if max_bytes is None or len(line) <= max_bytes:
+        return line
+    return json.dumps({"ok": False, "kind": "system",
+                       "reason": f"result too large: {len(line)} bytes of JSON, over the "
+                                 f"daemon's max_result_bytes ({max_bytes})"})
 
 
 def _finish(out: Any, result: dict[str, Any] | str) -> NoReturn:
@@ -333,7 +360,7 @@ def main() -> int:
         value = fn(**spec.get("args", {}))
         if asyncio.iscoroutine(value):
             value = asyncio.run(value)
-        line = _to_json(resolve(value))
+        line = result_line(resolve(value), spec.get("max_result_bytes"))
     except BaseException as exc:
         line = json.dumps(failure(exc, str(workdir) + os.sep, limits))
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -10,7 +11,7 @@ from litestar import Litestar, Router
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
-from daemon import auth, drain, interpreter_tuning, recovery
+from daemon import auth, data_dir, drain, interpreter_tuning, recovery
 from daemon.api.errors import EXCEPTION_HANDLERS, ErrorSchemaPlugin
 from daemon.api.gateway import GatewayController
 from daemon.api.policies_api import install_policies
@@ -44,7 +45,7 @@ class Daemon:
     @asynccontextmanager
     async def lifespan(self, _app: Litestar) -> AsyncIterator[None]:
         cfg = self.config
-        cfg.data_path.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(data_dir.prepare, cfg)  # private before the first write
         await upgrade(cfg.db_url)
         engine = make_engine(cfg.db_url)
         writer = BatchWriter(engine)

@@ -11,6 +11,8 @@ from typing import Any
 
 import platformdirs
 
+MIN_RESULT_BYTES = 1024
+
 
 class ConfigError(ValueError):
     """A configuration value that cannot be used; the message names the key."""
@@ -75,6 +77,9 @@ class Config:
     # room for an instance before it fails (0 = it fails at once).
     runtime_gpus: float = -1.0
     runtime_resource_wait_s: float = 60.0
+    # The most a run's result may take as JSON; a run returning more fails and says so,
+    # and the daemon never reads more than this (plus room for a failure's report).
+    max_result_bytes: int = 1024 * 1024
     # Tool specs by name, from the config file's [tools.NAME] tables.
     tools: dict[str, Any] = field(default_factory=dict)
 
@@ -192,6 +197,9 @@ def validate(cfg: Config) -> None:
                           f"daemon, got {cfg.runtime_gpus!r}")
     if not cfg.runtime_resource_wait_s >= 0:
         raise ConfigError("runtime_resource_wait_s must be >= 0 (0: no wait)")
+    if cfg.max_result_bytes < MIN_RESULT_BYTES:
+        raise ConfigError(f"max_result_bytes must be at least {MIN_RESULT_BYTES}, "
+                          f"got {cfg.max_result_bytes}")
     for key in ("max_prompt_chars", "max_queued_requests", "rate_limit_rps", "rate_limit_burst"):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"{key} must be >= 0 (0 turns the limit off)")

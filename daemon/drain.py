@@ -1,9 +1,10 @@
 """Graceful drain: `agentd stop --drain` and the `POST /v1/admin/drain` it calls.
 
-A drain stops admission (new gateway requests get 503 with Retry-After), lets the
-requests already queued or running finish until a deadline, aborts the rest with a
-reason that says so, flushes the store and then stops the daemon the way SIGTERM
-does, so it exits 0. SIGTERM alone stays a fast clean stop.
+A drain stops admission (new gateway requests and new workflow runs get 503 with
+Retry-After), lets the requests already queued or running finish until a deadline, aborts
+the rest with a reason that says so, flushes the store and then stops the daemon the way
+SIGTERM does, so it exits 0 (runs still live then are cancelled, as on SIGTERM). SIGTERM
+alone stays a fast clean stop.
 
 The daemon writes `daemon.pid` in its data dir at start: the PID on the first line,
 its base URL on the second. `agentd stop` reads it to find the daemon.
@@ -36,8 +37,10 @@ log = logging.getLogger("agentd.drain")
 PID_FILE = "daemon.pid"
 DEFAULT_DEADLINE_S = 30.0
 RETRY_AFTER_S = 5
-# The routes that admit new work; everything else (reads, release, the drain) still works.
-ADMISSION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+# The routes that admit new work, as (method, path); everything else (reads such as
+# GET /v1/runs, release, cancel, the drain) still works.
+ADMISSION_ROUTES = frozenset({("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
+                              ("POST", "/v1/runs")})
 _POLL_S = 0.05
 
 
@@ -74,12 +77,13 @@ def _state(request: Request[Any, Any, Any]) -> DrainState | None:
 
 
 async def refuse_while_draining(request: Request[Any, Any, Any]) -> Response[Any] | None:
-    """App-level before_request hook: while draining, new gateway requests get 503."""
+    """App-level before_request hook: while draining, new gateway requests and runs get
+    503."""
     drain = _state(request)
-    if drain is None or request.scope["path"] not in ADMISSION_PATHS:
+    if drain is None or (request.method, request.scope["path"]) not in ADMISSION_ROUTES:
         return None
     left = max(0.0, drain.deadline_at - time.time())
-    message = (f"the daemon is draining for shutdown and admits no new requests "
+    message = (f"the daemon is draining for shutdown and admits no new requests or runs "
                f"(running ones finish within {left:.0f}s); retry on another instance or "
                "after it restarts")
     return Response(error_body(503, message, "draining"), status_code=503,

@@ -57,13 +57,15 @@ def _fail(message: str, code: int = EXIT_FAILURE) -> int:
 
 def _with_store(args: argparse.Namespace, work: Callable[[AsyncSession], Awaitable[T]]) -> T:
     from daemon import config as config_mod
-    from db.engine import make_engine, make_sessionmaker, upgrade
+    from daemon.data_dir import private_dir
+    from db.engine import make_engine, make_private, make_sessionmaker, upgrade
 
     cfg = config_mod.load({"data_dir": args.data_dir, "db": args.db}, config_file=args.config)
 
     async def run() -> T:
         if not cfg.db:
-            cfg.data_path.mkdir(parents=True, exist_ok=True)
+            private_dir(cfg.data_path)
+        make_private(cfg.db_url)  # a first `token create` may create the store
         await upgrade(cfg.db_url)
         engine = make_engine(cfg.db_url)
         try:

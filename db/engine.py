@@ -3,19 +3,58 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config as AlembicConfig
 from sqlalchemy import event
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+# SQLite's own files beside the database; SQLite creates them with the database's mode.
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
+
+log = logging.getLogger("agentd.store")
 
 
 def sqlite_url(path: Path) -> str:
     return f"sqlite+aiosqlite:///{path}"
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The database file of an SQLite URL; None for other databases and in-memory ones."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
+def make_private(url: str) -> None:
+    """Make an SQLite store readable by its owner only (0600) before anything is written:
+    create the file, which SQLite would create by the umask (0644 by default), and take
+    other users' access from a file left open by an older version, and from its side
+    files. Other databases guard themselves."""
+    path = sqlite_file(url)
+    if path is None:
+        return
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    except FileNotFoundError:
+        return  # no such directory: SQLite says so when the store is opened
+    for file in (path, *(Path(f"{path}{side}") for side in SQLITE_SIDE_FILES)):
+        try:
+            mode = stat.S_IMODE(file.stat().st_mode)
+            if mode & 0o077:
+                file.chmod(mode & 0o700)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("cannot make %s readable by its owner only: %s", file, exc)
 
 
 def _sync_url(url: str) -> str:

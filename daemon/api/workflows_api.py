@@ -205,7 +205,7 @@ class WorkflowsController(Controller):
         try:
             version, specs = _run_tools(runs, tools, body)
             run = await runs.create(body.workflow, version, body.args, body.session_id,
-                                    body.limits)
+                                    body.limits, operator=_is_operator(request))
         except BundleError as exc:
             raise _bundle_error(exc) from exc
         if new_session:  # the run's requests are scheduled as its starter's tenant

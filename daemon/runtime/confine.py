@@ -165,8 +165,6 @@ async def _probe(box: Confinement) -> Confinement:
         box.cgroups = None
     if box.cgroups is not None:
         atexit.register(box.cgroups.close)  # empty by then; a crash leaves it to the next start
-    if "uid" in box.layers:
-        _tighten([box.config.data_path, box.config.config_path])
     return box
 
 
@@ -197,19 +195,6 @@ async def _probe_once(box: Confinement) -> dict[str, Any]:
     finally:
         await jail.closed.wait()
         await asyncio.to_thread(_remove_tree, root)
-
-
-def _tighten(paths: list[Path]) -> None:
-    """Sandboxes run as other uids: the daemon's own directories must not be open to
-    every uid (a world-readable SQLite file would be readable from a sandbox that got
-    past the other layers)."""
-    for path in paths:
-        with contextlib.suppress(OSError):
-            st = path.stat()
-            if st.st_uid == os.geteuid() and st.st_mode & 0o007:
-                path.chmod(st.st_mode & ~0o007)
-                log.info("removed access for other users from %s (sandboxes run as other "
-                         "uids)", path)
 
 
 def _remove_tree(path: Path) -> None:

@@ -20,6 +20,15 @@ daemon that kept every run held ~20 KiB per run (its events, its sandbox's proce
 objects) for ever, most of the soak's memory growth. A finished run's record is also
 written to `<data dir>/runs/<id>.json`; once the run has left memory (or after a daemon
 restart) the API answers from there and from the trace (daemon/runtime/run_records.py).
+
+What a run hands back is bounded, so neither the daemon's memory nor `GET /v1/runs`
+grows with what a run returns or reports: its result is at most the config's
+`max_result_bytes` of JSON (the daemon reads at most that from the sandbox, plus
+`REPORT_ROOM` for a failure's report, and a run that writes more is killed and fails with
+"result too large"), the log tail is read from the log's end, and each event a sandbox
+reports is cut to `MAX_EVENT_BYTES`, with at most `RUN_EVENT_BYTES` of them kept in memory
+per run (all of them go to the trace). Limits above `DEFAULT_LIMITS` are the operator's to
+give: any other caller asking for more gets a 403 naming the limit.
 """
 
 from __future__ import annotations
@@ -41,7 +50,8 @@ from typing import IO, Any
 
 from daemon import auth
 from daemon.core import Core, CoreError, new_id
-from daemon.runtime import confine
+from daemon.runtime import confine, run_records
+from daemon.runtime.bundle_tools import INSUFFICIENT_SCOPE
 from daemon.runtime.bundles import BundleError, BundleStore, Signature
 from daemon.runtime.gpus import visible_gpus
 from daemon.state import ProgramStatus
@@ -57,7 +67,18 @@ MAX_LIMITS: dict[str, float] = {"memory_mb": 16384, "cpu_s": 86400, "open_files"
                                 "processes": 4096, "disk_mb": 16384}
 MIN_MEMORY_MB = 128  # below this the interpreter itself does not start
 MAX_EVENTS = 50_000
+# A run's events kept in memory for its followers: about MAX_EVENTS of the usual few
+# hundred bytes; beyond it they go to the trace only, as beyond MAX_EVENTS.
+RUN_EVENT_BYTES = 16 * 1024 * 1024
+# One event a sandbox reports, as JSON: its longer texts are cut to EVENT_TEXT_CHARS, and
+# an event still larger is refused.
+MAX_EVENT_BYTES = 16 * 1024
+EVENT_TEXT_CHARS = 2000
 LOG_TAIL = 8000
+# What the daemon reads from a sandbox beyond max_result_bytes: a failure's report (the
+# sandbox cuts its texts to well under this, agentd/sandbox.py).
+REPORT_ROOM = 256 * 1024
+_READ_CHUNK = 64 * 1024
 # How long a run waits for its jail to reap leftovers (a stuck reap must not hang it).
 REAP_WAIT_S = 10.0
 ENDED = ("finished", "failed", "cancelled")
@@ -72,6 +93,40 @@ SANDBOX_EVENTS = frozenset({
 # The name of a run's token: runs do not survive a restart, so one still active at start
 # belongs to a run of an earlier daemon process (a crash) and is revoked.
 RUN_TOKEN_NAME = re.compile(r"run run-[0-9a-f]{16}")
+
+
+def bounded_event(data: dict[str, Any]) -> dict[str, Any] | None:
+    """A sandbox event's data with its long texts cut; None when it is still larger than
+    MAX_EVENT_BYTES (a list of a thousand ids, say): such an event is refused."""
+    cut = {k: v[:EVENT_TEXT_CHARS] + "..." if isinstance(v, str) and len(v) > EVENT_TEXT_CHARS
+           else v for k, v in data.items()}
+    return cut if len(json.dumps(cut, default=repr)) <= MAX_EVENT_BYTES else None
+
+
+async def exchange(proc: asyncio.subprocess.Process, spec: bytes, limit: int) -> bytes | None:
+    """Send the sandbox its spec, then read its stdout to the end and wait for it to exit:
+    what it wrote, or None as soon as it wrote more than `limit` bytes (never holding
+    more than `limit` plus one chunk)."""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(spec)
+    with contextlib.suppress(ConnectionError):  # it ended before reading its spec
+        await proc.stdin.drain()
+    proc.stdin.close()
+    reply = bytearray()
+    while chunk := await proc.stdout.read(_READ_CHUNK):
+        reply += chunk
+        if len(reply) > limit:
+            return None
+    await proc.wait()
+    return bytes(reply)
+
+
+def _log_tail(path: Path) -> str:
+    """The end of a sandbox's log, read from the end: the log may be `file_size_mb`."""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - 4 * LOG_TAIL))  # UTF-8: at most 4 bytes a character
+        return f.read().decode(errors="replace")[-LOG_TAIL:]
 
 
 @dataclass
@@ -94,6 +149,7 @@ class Run:
     token_id: str | None = None
     log_tail: str = ""
     events: list[dict[str, Any]] = field(default_factory=list)
+    event_bytes: int = 0  # the JSON size of `events`
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     proc: asyncio.subprocess.Process | None = None
     task: asyncio.Task[None] | None = None
@@ -121,7 +177,9 @@ class Run:
                 "events": len(self.events), "log_tail": self.log_tail}
 
 
-def check_limits(asked: dict[str, Any] | None) -> dict[str, float]:
+def check_limits(asked: dict[str, Any] | None, *, operator: bool) -> dict[str, float]:
+    """The run's limits: the defaults, with what was asked for. Only an operator may ask
+    for more than a default (up to MAX_LIMITS); anyone may ask for less."""
     limits = dict(DEFAULT_LIMITS)
     for key, value in (asked or {}).items():
         if key not in DEFAULT_LIMITS:
@@ -131,6 +189,10 @@ def check_limits(asked: dict[str, Any] | None) -> dict[str, float]:
                 0 < value <= MAX_LIMITS[key]):
             raise BundleError(f"limit '{key}' must be a number in (0, {MAX_LIMITS[key]:g}]",
                               f"limits.{key}", "bad_limit")
+        if value > DEFAULT_LIMITS[key] and not operator:
+            raise BundleError(f"limit '{key}' may be raised above its default "
+                              f"({DEFAULT_LIMITS[key]:g}) by an operator only",
+                              f"limits.{key}", INSUFFICIENT_SCOPE)
         limits[key] = value
     if limits["memory_mb"] < MIN_MEMORY_MB:
         raise BundleError(f"limit 'memory_mb' must be at least {MIN_MEMORY_MB}",
@@ -176,6 +238,16 @@ class RunController:
                 await asyncio.to_thread(visible_gpus))
         return self._gpus
 
+    async def trim_records(self) -> int:
+        """Drop results larger than max_result_bytes from the records of runs that ended
+        before there was a cap, so that listing runs never carries one."""
+        trimmed = await run_records.trim_results(self.records,
+                                                 self.core.config.max_result_bytes)
+        if trimmed:
+            log.info("dropped results larger than max_result_bytes from %d run record(s)",
+                     trimmed)
+        return trimmed
+
     async def revoke_stale_tokens(self) -> int:
         """Revoke the tokens of runs of an earlier daemon process (see RUN_TOKEN_NAME)."""
         now = time.time()
@@ -191,13 +263,15 @@ class RunController:
     # --- creating ---------------------------------------------------------------------
 
     async def create(self, workflow: str, version: int | None, args: dict[str, Any],
-                     session_id: str | None, limits: dict[str, Any] | None) -> Run:
+                     session_id: str | None, limits: dict[str, Any] | None, *,
+                     operator: bool) -> Run:
+        """`operator`: whether the caller may raise limits above the defaults."""
         manifest = self.bundles.manifest(workflow, version)
         if manifest is None:
             which = f"version {version} of " if version is not None else ""
             raise CoreError(f"unknown workflow: no {which}'{workflow}'", 404, "not_found")
         Signature.from_dict(manifest["signature"]).check(args)
-        run_limits = check_limits(limits)
+        run_limits = check_limits(limits, operator=operator)
         run_id = new_id("run")
         program = await self.core.ensure_program(new_id("prog"), session_id)
         run = Run(id=run_id, workflow=workflow, version=int(manifest["version"]),
@@ -244,28 +318,22 @@ class RunController:
             (work / "manifest.json").unlink(missing_ok=True)
             run.workdir = root
             spec = {"entry": run.entry, "args": run.args,
-                    "limits": {k: v for k, v in run.limits.items() if k != "timeout_s"}}
+                    "limits": {k: v for k, v in run.limits.items() if k != "timeout_s"},
+                    "max_result_bytes": self.core.config.max_result_bytes}
             with open(log_path, "wb") as log_file:
                 proc, jail = await self._start_sandbox(run, root, log_file, secret)
             run.proc, run.pid = proc, proc.pid
             run.status, run.started_at = "running", time.time()
             self.trace(run, "run.started", pid=proc.pid, limits=run.limits)
-            try:
-                stdout, _ = await asyncio.wait_for(
-                    proc.communicate(json.dumps(spec).encode()), run.limits["timeout_s"])
-            except TimeoutError:
-                self._kill(run)
-                await proc.wait()
-                stdout = None
+            reply = await self._reply(run, proc, json.dumps(spec).encode())
             # The jail reaps what the run left behind and traces it; the run ends after that.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(jail.closed.wait(), REAP_WAIT_S)
-            if stdout is None:
-                outcome = {"ok": False, "kind": "system",
-                           "reason": f"wall-clock limit exceeded ({run.limits['timeout_s']:g} s)"}
+            if isinstance(reply, bytes):
+                outcome = jail.explain(self._outcome(reply, proc.returncode or 0, run))
             else:
-                outcome = jail.explain(self._outcome(stdout, proc.returncode or 0, run))
-            run.log_tail = log_path.read_text(errors="replace")[-LOG_TAIL:]
+                outcome = reply
+            run.log_tail = await asyncio.to_thread(_log_tail, log_path)
         except asyncio.CancelledError:
             self._kill(run)
             outcome = {"ok": False, "kind": "cancelled", "reason": "cancelled"}
@@ -286,14 +354,42 @@ class RunController:
         proc = await jail.spawn(root, root / "work", log_file, env)
         return proc, jail
 
+    async def _reply(self, run: Run, proc: asyncio.subprocess.Process, spec: bytes
+                     ) -> bytes | dict[str, Any]:
+        """What the sandbox wrote on its result channel; or, when the daemon had to kill
+        it (past its wall-clock limit, or writing more than a result may take), why."""
+        cap = self.core.config.max_result_bytes
+        try:
+            reply = await asyncio.wait_for(exchange(proc, spec, cap + REPORT_ROOM),
+                                           run.limits["timeout_s"])
+            if reply is not None:
+                return reply
+            reason = f"result too large: more than the daemon's max_result_bytes ({cap})"
+        except TimeoutError:
+            reason = f"wall-clock limit exceeded ({run.limits['timeout_s']:g} s)"
+        self._kill(run)
+        await proc.wait()
+        return {"ok": False, "kind": "system", "reason": reason}
+
     def _outcome(self, stdout: bytes, returncode: int, run: Run) -> dict[str, Any]:
-        lines = stdout.decode(errors="replace").strip().splitlines()
+        lines = stdout.strip().splitlines()
         if lines:
             with contextlib.suppress(ValueError):
                 data = json.loads(lines[-1])
                 if isinstance(data, dict) and "ok" in data:
-                    return data
+                    return self._within_cap(data, len(lines[-1]))
         return {"ok": False, "kind": "system", "reason": classify_exit(returncode, run.limits)}
+
+    def _within_cap(self, outcome: dict[str, Any], size: int) -> dict[str, Any]:
+        """A result line longer than the cap fails the run: the sandbox replaces such a
+        line itself, but the code it runs could write past it (REPORT_ROOM is for
+        failures only)."""
+        cap = self.core.config.max_result_bytes
+        if outcome["ok"] and size > cap:
+            return {"ok": False, "kind": "system",
+                    "reason": f"result too large: {size} bytes of JSON, over the daemon's "
+                              f"max_result_bytes ({cap})"}
+        return outcome
 
     def _kill(self, run: Run) -> None:
         if run.proc is not None and run.proc.returncode is None:
@@ -377,8 +473,10 @@ class RunController:
     def trace(self, run: Run, kind: str, **data: Any) -> None:
         event = {"kind": kind, "ts": time.time(), "run_id": run.id,
                  "session_id": run.session_id, "program_id": run.program_id, **data}
-        if len(run.events) < MAX_EVENTS:
+        size = len(json.dumps(event, default=repr))
+        if len(run.events) < MAX_EVENTS and run.event_bytes + size <= RUN_EVENT_BYTES:
             run.events.append(event)
+            run.event_bytes += size
         self.core.writer.trace(kind, session_id=run.session_id, program_id=run.program_id,
                                run_id=run.id, **data)
         run.notify()
@@ -389,8 +487,11 @@ class RunController:
             kind = str(e.get("event", ""))
             if kind not in SANDBOX_EVENTS:
                 continue
-            data = {k: v for k, v in e.items() if k not in ("event", "ts", "kind", "session_id",
-                                                            "program_id", "run_id")}
+            data = bounded_event({k: v for k, v in e.items()
+                                  if k not in ("event", "ts", "kind", "session_id",
+                                               "program_id", "run_id")})
+            if data is None:
+                continue
             self.trace(run, kind, **data)
             if kind in ("future.created", "future.resolved"):
                 self._future_row(run, kind, data)

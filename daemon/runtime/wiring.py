@@ -37,6 +37,7 @@ def install_workflows(app: Litestar) -> None:
         runs = RunController(core, cfg.data_path, cfg.base_url, cfg.auth,
                              app.state.get("auth"))
         await runs.revoke_stale_tokens()
+        await runs.trim_records()
         control = ControlLoop(runs)
         app.state[STATE_KEY] = runs
         app.state[CONTROL_KEY] = control

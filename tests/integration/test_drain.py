@@ -105,3 +105,21 @@ def test_drain_deadline_aborts_what_is_left_with_a_reason(daemon_factory) -> Non
     d.start()  # the aborted request is stored with its reason
     [req] = d.get("/v1/programs/p-late").json()["requests"]
     assert req["status"] == "aborted" and "drain deadline" in req["error"]
+
+
+def test_drain_refuses_new_runs_and_still_lists_them(daemon_factory) -> None:  # type: ignore[no-untyped-def]
+    d: DaemonProcess = daemon_factory(workers=1, env={"AGENTD_SIM_TIME_SCALE": "3"}).start()
+    assert d.post("/v1/workflows", json={"name": "one", "files": {
+        "main.py": "def main():\n    return 1\n"}, "entry": "main:main"}).status_code == 201
+    done = d.run_to_end({"workflow": "one"})
+    stream = _stream(d, "p-drain-runs", 4000)
+    next(iter(stream))  # a request in flight holds the drain open
+    assert d.post("/v1/admin/drain", json={"deadline_s": 60}).status_code == 202
+    refused = d.post("/v1/runs", json={"workflow": "one"})
+    assert refused.status_code == 503, refused.text
+    assert refused.headers["retry-after"] == "5" and refused.json()["error"]["code"] == "draining"
+    listed = d.get("/v1/runs")
+    assert listed.status_code == 200
+    assert [v["id"] for v in listed.json()["data"]] == [done["id"]]
+    assert d.get(f"/v1/runs/{done['id']}").json()["status"] == "finished"
+    stream.close()
