@@ -12,6 +12,7 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
 from daemon import auth, data_dir, drain, interpreter_tuning, recovery
+from daemon.api import tenants
 from daemon.api.errors import EXCEPTION_HANDLERS, ErrorSchemaPlugin
 from daemon.api.gateway import GatewayController
 from daemon.api.policies_api import install_policies
@@ -98,7 +99,7 @@ def create_app(config: Config) -> Litestar:
                         ToolsController, SchedulingController, drain.DrainController,
                         create_ui_router(config.base_url)],
         before_request=drain.refuse_while_draining,
-        guards=[auth.require_scope],
+        guards=[auth.require_scope, tenants.require_owner],
         dependencies={"core": Provide(daemon.get_core, sync_to_thread=False),
                       "tools": Provide(daemon.get_tools, sync_to_thread=False)},
         lifespan=[daemon.lifespan],

@@ -20,12 +20,16 @@ PROGRAM_SORTS = ("created_at", "id", "session_id", "status", "worker_id", "conte
 
 async def list_programs(
     s: AsyncSession, status: str | None, session_id: str | None, limit: int, offset: int,
-    sort: str = "created_at", descending: bool = True,
+    sort: str = "created_at", descending: bool = True, tenant: str | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
-    """One page of programs in `sort` order over every match; ties by id so pages are stable."""
+    """One page of programs in `sort` order over every match; ties by id so pages are
+    stable. `tenant`: only programs of that tenant's sessions."""
     if sort not in PROGRAM_SORTS:
         raise ValueError(f"sort must be one of {', '.join(PROGRAM_SORTS)}")
     query = select(models.Program)
+    if tenant is not None:
+        query = query.join(models.Session, models.Session.id == models.Program.session_id
+                           ).where(models.Session.tenant == tenant)
     if status:
         query = query.where(models.Program.status == status.upper())
     if session_id:

@@ -66,6 +66,8 @@ def _json_field(form: Form, field: str) -> dict[str, Any] | None:
         value = json.loads(raw)
     except ValueError as exc:
         raise FormError(f"{field}: not valid JSON ({exc})") from exc
+    except RecursionError as exc:  # the API would refuse it too (64 levels at most)
+        raise FormError(f"{field}: nested too deeply") from exc
     if not isinstance(value, dict):
         raise FormError(f"{field}: must be a JSON object, like {{\"name\": 1}}")
     return value

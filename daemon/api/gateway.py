@@ -16,7 +16,7 @@ from litestar.response import Stream
 
 from daemon.api.errors import ApiError, decode_body, error_body
 from daemon.api.ids import id_problem
-from daemon.api.tenants import request_tenant
+from daemon.api.tenants import access_of, check_program, check_session, request_tenant
 from daemon.auth import READ, SUBMIT, principal_of, run_program
 from daemon.core import Core
 from daemon.limits import admit
@@ -189,6 +189,9 @@ async def _program(core: Core, request: Request[Any, Any, Any], body: _Common,
             raise ApiError(400, f"{name} {problem}", param=name)
     program_id, session_id = run_program(principal_of(request), program_id, program_field,
                                          session_id, session_field)
+    access = access_of(request)
+    await check_program(core, access, program_id, program_field)
+    await check_session(core, access, session_id, session_field)
     return await open_program(core, program_id, session_id, tenant)
 
 

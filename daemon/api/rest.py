@@ -11,6 +11,7 @@ from litestar.params import Parameter
 
 from daemon import operations
 from daemon.api.errors import ApiError, decode_body
+from daemon.api.tenants import access_of
 from daemon.auth import OPERATOR, PUBLIC, READ, SUBMIT, principal_of
 from daemon.core import Core
 from daemon.metrics import Exposition
@@ -108,7 +109,7 @@ class RestController(Controller):
 
     @get("/programs", summary="Programs, newest first; filter by status or session, sort, page")
     async def programs(
-        self, core: Core,
+        self, core: Core, request: Request[Any, Any, Any],
         status: str | None = None,
         session_id: str | None = Parameter(query="session", default=None),
         limit: int = Parameter(default=100, ge=1, le=1000),
@@ -126,7 +127,8 @@ class RestController(Controller):
         await core.writer.flush()
         async with core.sessions() as s:
             rows, total = await repo.list_programs(s, status, session_id, limit, offset,
-                                                   sort, order == "desc")
+                                                   sort, order == "desc",
+                                                   access_of(request).tenant)
         return {"data": [_live(core, r) for r in rows], "total": total}
 
     @get("/programs/{program_id:str}", summary="One program with its requests")
@@ -146,7 +148,7 @@ class RestController(Controller):
 
     @get("/sessions", summary="Sessions, newest first; filter by id or tenant, sort, page")
     async def sessions(
-        self, core: Core,
+        self, core: Core, request: Request[Any, Any, Any],
         limit: int = Parameter(default=100, ge=1, le=1000),
         offset: int = Parameter(default=0, ge=0, le=2**62),
         q: str = Parameter(default="", max_length=128, description="the id contains (any case)"),
@@ -158,6 +160,11 @@ class RestController(Controller):
             raise ApiError(400, f"sort must be one of {', '.join(SESSION_SORTS)}", param="sort")
         if order not in ("asc", "desc"):
             raise ApiError(400, "order must be asc or desc", param="order")
+        own = access_of(request).tenant
+        if own is not None:
+            if tenant not in ("", own):
+                return {"data": [], "total": 0}  # another tenant's sessions: none visible
+            tenant = own
         await core.writer.flush()
         async with core.sessions() as s:
             rows, total = await search_sessions(

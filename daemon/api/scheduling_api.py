@@ -14,11 +14,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from litestar import Controller, get
+from litestar import Controller, Request, get
 from litestar.params import Parameter
 from sqlalchemy import or_, select
 
 from daemon.api.errors import ApiError
+from daemon.api.tenants import access_of
 from daemon.auth import READ
 from daemon.core import Core
 from db import models
@@ -33,8 +34,13 @@ class SchedulingController(Controller):
 
     @get("/", opt={"scope": READ},
          summary="Active policy per layer, bypass, per-worker controls, window SLO metrics")
-    async def status(self, core: Core) -> dict[str, Any]:
-        return core.slo.status(time.time())
+    async def status(self, core: Core, request: Request[Any, Any, Any]) -> dict[str, Any]:
+        status = core.slo.status(time.time())
+        own = access_of(request).tenant
+        if own is not None:  # other tenants' names, weights and attainment are theirs
+            status["tenants"] = {key: _only(own, value)
+                                 for key, value in status["tenants"].items()}
+        return status
 
     @get("/trace", opt={"scope": READ},
          summary="Daemon-level scheduling decisions (switches, rollbacks, bypass, policy "
@@ -59,6 +65,12 @@ class SchedulingController(Controller):
             events = [as_dict(r) for r in await s.scalars(query)]
         next_after = events[-1]["id"] if len(events) == limit else None
         return {"data": events, "next_after": next_after}
+
+
+def _only(tenant: str, figures: dict[str, Any] | list[str]) -> dict[str, Any] | list[str]:
+    if isinstance(figures, dict):
+        return {t: v for t, v in figures.items() if t == tenant}
+    return [t for t in figures if t == tenant]
 
 
 def _any_prefix(prefixes: tuple[str, ...]) -> Any:

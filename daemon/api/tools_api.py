@@ -10,9 +10,12 @@ import msgspec
 from litestar import Controller, Request, Response, get, post
 
 from daemon.api.errors import ApiError, decode_body, error_body
+from daemon.api.ids import id_problem
+from daemon.api.tenants import access_of, check_program, program_owners, request_tenant
 from daemon.auth import OPERATOR, READ, SUBMIT, principal_of
 from daemon.core import Core
 from daemon.operations import live_program
+from daemon.tenancy import open_program
 from daemon.tool_service import ToolService
 from tools import ToolError
 
@@ -100,9 +103,12 @@ class ToolsController(Controller):
     async def declare(self, core: Core, tools: ToolService, request: Request[Any, Any, Any],
                       program_id: str) -> Response[Any]:
         body = decode_body(await request.body(), DeclareBody)
+        if (problem := id_problem(program_id)) is not None:
+            raise ApiError(400, f"program_id {problem}", param="program_id")
         if any(not isinstance(item, str) for item in body.tools):
             _require_operator_for_specs(request, "tools")
-        program = await core.ensure_program(program_id, None)
+        program = await open_program(core, program_id, None,
+                                     await request_tenant(request, core, None))
         try:
             names = tools.declare(program, body.tools)
         except ToolError as exc:
@@ -118,9 +124,16 @@ class ToolsController(Controller):
         return tools.program_tools(program_id)
 
     @get("/tools", opt={"scope": READ}, summary="Tool containers, volumes and directories")
-    async def list_tools(self, tools: ToolService, program_id: str | None = None
-                         ) -> dict[str, Any]:
+    async def list_tools(self, core: Core, tools: ToolService, request: Request[Any, Any, Any],
+                         program_id: str | None = None) -> dict[str, Any]:
+        access = access_of(request)
+        await check_program(core, access, program_id)
         rows = await tools.manager.list(program_id, sizes=True)
+        if access.tenant is not None:  # a backend's error row concerns no program
+            owners = await program_owners(core, {r["program_id"] for r in rows
+                                                 if r["resource"] != "error"})
+            rows = [r for r in rows if r["resource"] == "error"
+                    or owners.get(r["program_id"]) == access.tenant]
         return {"data": rows, "by_program": _by_program(rows)}
 
     @post("/tools/gc", status_code=200, opt={"scope": OPERATOR},

@@ -26,7 +26,7 @@ from daemon.api.errors import ApiError, decode_body
 from daemon.api.ids import id_problem
 from daemon.api.policies_api import MAX_VERSION
 from daemon.api.policies_api import service as policy_service
-from daemon.api.tenants import request_tenant
+from daemon.api.tenants import access_of, check_session, request_tenant, session_owners
 from daemon.auth import OPERATOR, READ, SUBMIT, principal_of
 from daemon.policies.registry import PolicyService
 from daemon.runtime import bundle_tools, run_records
@@ -106,11 +106,11 @@ def _is_operator(request: Request[Any, Any, Any]) -> bool:
     return principal is None or OPERATOR in principal.scopes
 
 
-def _run_tools(runs: RunController, tools: ToolService, body: RunBody
+def _run_tools(runs: RunController, tools: ToolService, body: RunBody, tenant: str
                ) -> tuple[int | None, dict[str, ToolSpec]]:
     """The version a run will use and its bundle's tool specs, with the run's declared
     names checked against them, before anything starts."""
-    manifest = runs.bundles.manifest(body.workflow, body.version)
+    manifest = runs.bundles.of(tenant).manifest(body.workflow, body.version)
     if manifest is None:
         return body.version, {}  # runs.create answers the unknown workflow
     specs = bundle_tools.bundle_specs(manifest, tools.manager.configured_names)
@@ -179,13 +179,17 @@ class WorkflowsController(Controller):
             checked = bundle_tools.check_tools(
                 body.tools, configured=tools.manager.configured_names,
                 operator=_is_operator(request))
-            return runs_of(request).bundles.register(body.name, body.files, body.entry, checked)
+            tenant = await request_tenant(request, runs_of(request).core, None)
+            store = runs_of(request).bundles.of(tenant)
+            return store.register(body.name, body.files, body.entry, checked) | {
+                "tenant": tenant}
         except BundleError as exc:
             raise _bundle_error(exc) from exc
 
-    @get("/workflows", opt={"scope": READ}, summary="Registered workflows and their versions")
+    @get("/workflows", opt={"scope": READ},
+         summary="Registered workflows and their versions (the caller's tenant's)")
     async def list_workflows(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
-        return {"data": runs_of(request).bundles.list()}
+        return {"data": runs_of(request).bundles.workflows(access_of(request).tenant)}
 
     @post("/runs", status_code=201, opt={"scope": SUBMIT},
           summary="Start a run of a workflow in a sandbox")
@@ -199,17 +203,15 @@ class WorkflowsController(Controller):
         except (TypeError, ValueError) as exc:
             raise ApiError(400, f"args must be JSON: {exc}", param="args") from exc
         runs = runs_of(request)
+        await check_session(runs.core, access_of(request), body.session_id)
         tenant = await request_tenant(request, runs.core, None)
-        new_session = (body.session_id is None
-                       or await runs.core.slo.tenants.of(body.session_id) is None)
         try:
-            version, specs = _run_tools(runs, tools, body)
-            run = await runs.create(body.workflow, version, body.args, body.session_id,
-                                    body.limits, operator=_is_operator(request))
+            version, specs = _run_tools(runs, tools, body, tenant)
+            run = await runs.create(tenant, body.workflow, version, body.args,
+                                    body.session_id, body.limits,
+                                    operator=_is_operator(request))
         except BundleError as exc:
             raise _bundle_error(exc) from exc
-        if new_session:  # the run's requests are scheduled as its starter's tenant
-            runs.core.slo.tenants.created(run.session_id, tenant)
         # Before the sandbox's first step: its task has not run yet.
         tools.bind_bundle(run.program_id, specs)
         if body.tools and run.program_id in runs.core.programs:
@@ -221,6 +223,10 @@ class WorkflowsController(Controller):
         controller = runs_of(request)
         views = [r.view() for r in controller.runs.values()]
         views += await run_records.newest(controller.records, set(controller.runs))
+        own = access_of(request).tenant
+        if own is not None:  # a run is its session's tenant's
+            owners = await session_owners(controller.core, {v["session_id"] for v in views})
+            views = [v for v in views if owners.get(v["session_id"]) == own]
         views.sort(key=lambda v: v["timings"]["created_at"], reverse=True)
         return {"data": views}
 

@@ -208,3 +208,51 @@ class BundleStore:
                 assert latest is not None
                 out.append({"name": wf.name, "versions": versions, "latest": latest})
         return out
+
+
+class TenantBundles:
+    """Workflow names are per tenant: tenant T's bundles are a BundleStore of their own
+    under `<root>/T/`, so two tenants may both register `etl` and each runs its own.
+    Tenant names cannot be `.` or `..` (daemon/tenant_names.py), so each is a plain
+    directory name. Bundles stored before tenants (`<root>/NAME/vN/`) move to the default
+    tenant's namespace at the first start (`adopt_untenanted`), as their sessions did."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._stores: dict[str, BundleStore] = {}
+
+    def of(self, tenant: str) -> BundleStore:
+        store = self._stores.get(tenant)
+        if store is None:
+            store = self._stores[tenant] = BundleStore(self.root / tenant)
+        return store
+
+    def workflows(self, tenant: str | None) -> list[dict[str, Any]]:
+        """One tenant's workflows, or (None) every tenant's; each names its tenant."""
+        if tenant is not None:
+            return [wf | {"tenant": tenant} for wf in self.of(tenant).list()]
+        if not self.root.is_dir():
+            return []
+        tenants = sorted(p.name for p in self.root.iterdir()
+                         if p.is_dir() and not p.name.startswith("."))
+        return [wf for t in tenants for wf in self.workflows(t)]
+
+    def adopt_untenanted(self, tenant: str) -> list[str]:
+        """Move bundles of the old layout (`<root>/NAME/vN/manifest.json`) under `tenant`;
+        returns the names moved. A name `tenant` already holds is left where it is."""
+        if not self.root.is_dir():
+            return []
+        moved = []
+        for wf in sorted(self.root.iterdir()):
+            if not any((v / MANIFEST).is_file() for v in wf.glob("v*")):
+                continue
+            target = self.root / tenant / wf.name
+            if target.exists():
+                continue
+            # Through a temporary name: the old bundle may itself be named `tenant`.
+            tmp = self.root / f".adopt-{uuid.uuid4().hex}"
+            wf.rename(tmp)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp.rename(target)
+            moved.append(wf.name)
+        return moved

@@ -52,9 +52,10 @@ from daemon import auth
 from daemon.core import Core, CoreError, new_id
 from daemon.runtime import confine, run_records
 from daemon.runtime.bundle_tools import INSUFFICIENT_SCOPE
-from daemon.runtime.bundles import BundleError, BundleStore, Signature
+from daemon.runtime.bundles import BundleError, Signature, TenantBundles
 from daemon.runtime.gpus import visible_gpus
 from daemon.state import ProgramStatus
+from daemon.tenancy import open_program
 from db import models, tokens
 
 log = logging.getLogger("agentd.runs")
@@ -139,6 +140,7 @@ class Run:
     program_id: str
     session_id: str
     limits: dict[str, float]
+    tenant: str  # whose workflow namespace the bundle is from (the run's starter's)
     status: str = "starting"  # starting | running | finished | failed | cancelled
     result: Any = None
     error: dict[str, Any] | None = None
@@ -170,8 +172,8 @@ class Run:
             duration = (self.finished_at or time.time()) - self.started_at
         return {"id": self.id, "workflow": self.workflow, "version": self.version,
                 "entry": self.entry, "args": self.args, "program_id": self.program_id,
-                "session_id": self.session_id, "status": self.status, "result": self.result,
-                "error": self.error, "limits": self.limits,
+                "session_id": self.session_id, "tenant": self.tenant, "status": self.status,
+                "result": self.result, "error": self.error, "limits": self.limits,
                 "timings": {"created_at": self.created_at, "started_at": self.started_at,
                             "finished_at": self.finished_at, "duration_s": duration},
                 "events": len(self.events), "log_tail": self.log_tail}
@@ -219,7 +221,7 @@ class RunController:
     def __init__(self, core: Core, data_path: Path, base_url: str, auth_enabled: bool,
                  token_auth: auth.TokenAuth | None = None) -> None:
         self.core = core
-        self.bundles = BundleStore(data_path / "workflows")
+        self.bundles = TenantBundles(data_path / "workflows")
         self.records = data_path / "runs"
         self.base_url = base_url
         self.auth_enabled = auth_enabled
@@ -262,21 +264,24 @@ class RunController:
 
     # --- creating ---------------------------------------------------------------------
 
-    async def create(self, workflow: str, version: int | None, args: dict[str, Any],
-                     session_id: str | None, limits: dict[str, Any] | None, *,
-                     operator: bool) -> Run:
-        """`operator`: whether the caller may raise limits above the defaults."""
-        manifest = self.bundles.manifest(workflow, version)
+    async def create(self, tenant: str, workflow: str, version: int | None,
+                     args: dict[str, Any], session_id: str | None,
+                     limits: dict[str, Any] | None, *, operator: bool) -> Run:
+        """A run of `tenant`'s workflow. The caller has checked that `session_id`, if it
+        exists, is the tenant's (daemon/api/tenants.py); `operator`: whether it may raise
+        limits above the defaults."""
+        manifest = self.bundles.of(tenant).manifest(workflow, version)
         if manifest is None:
             which = f"version {version} of " if version is not None else ""
             raise CoreError(f"unknown workflow: no {which}'{workflow}'", 404, "not_found")
         Signature.from_dict(manifest["signature"]).check(args)
         run_limits = check_limits(limits, operator=operator)
         run_id = new_id("run")
-        program = await self.core.ensure_program(new_id("prog"), session_id)
+        # A session this creates records the tenant, so the run's requests run as it.
+        program = await open_program(self.core, new_id("prog"), session_id, tenant)
         run = Run(id=run_id, workflow=workflow, version=int(manifest["version"]),
                   entry=manifest["entry"], args=args, program_id=program.id,
-                  session_id=program.session_id, limits=run_limits)
+                  session_id=program.session_id, limits=run_limits, tenant=tenant)
         self.runs[run_id] = run
         # the program and session rows must exist before the sandbox writes state/futures
         await self.core.writer.flush()
@@ -314,7 +319,7 @@ class RunController:
         log_path = root / "sandbox.log"
         outcome: dict[str, Any]
         try:
-            shutil.copytree(self.bundles.path(run.workflow, run.version), work)
+            shutil.copytree(self.bundles.of(run.tenant).path(run.workflow, run.version), work)
             (work / "manifest.json").unlink(missing_ok=True)
             run.workdir = root
             spec = {"entry": run.entry, "args": run.args,

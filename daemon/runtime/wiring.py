@@ -10,6 +10,8 @@ is harmless.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,8 +21,10 @@ from litestar import Litestar
 from daemon.api.workflows_api import CONTROL_KEY, STATE_KEY, WorkflowsController
 from daemon.runtime.control import ControlLoop
 from daemon.runtime.runs import RunController
+from daemon.tenant_names import DEFAULT_TENANT
 
 INSTALLED = "agentd.workflows.installed"
+log = logging.getLogger("agentd.runs")
 
 
 def install_workflows(app: Litestar) -> None:
@@ -38,6 +42,11 @@ def install_workflows(app: Litestar) -> None:
                              app.state.get("auth"))
         await runs.revoke_stale_tokens()
         await runs.trim_records()
+        adopted = await asyncio.to_thread(runs.bundles.adopt_untenanted, DEFAULT_TENANT)
+        if adopted:
+            log.info("workflow names are per tenant now: moved %d workflow(s) stored before "
+                     "tenants to tenant '%s': %s", len(adopted), DEFAULT_TENANT,
+                     ", ".join(adopted))
         control = ControlLoop(runs)
         app.state[STATE_KEY] = runs
         app.state[CONTROL_KEY] = control

@@ -85,6 +85,13 @@ def test_program_ids_outside_the_alphabet_are_400(daemon: DaemonProcess, value: 
                    "session_id", "session_id")
 
 
+@pytest.mark.parametrize("value", ["has%20space", "%C3%A9", "a%09b"])
+def test_a_tool_declaration_names_a_program_in_the_alphabet(daemon: DaemonProcess,
+                                                            value: str) -> None:
+    r = daemon.post(f"/v1/programs/{value}/tools", json={"tools": []})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "program_id", r.text
+
+
 @pytest.mark.parametrize(("header", "value"), [
     ("X-Program-Id", b"a/b"),
     ("X-Program-Id", b".."),

@@ -94,8 +94,11 @@ def test_a_run_token_acts_only_on_its_own_run(d: DaemonProcess) -> None:
         released = httpx.post(f"{d.url}/v1/programs/{prog}.Helper.0/release", headers=as_run,
                               timeout=10)
         assert released.status_code == 200 and released.json()["status"] == "STOPPED"
-        # operator and ordinary submit tokens are not bound
-        created = d.cli("token", "create", "--scope", "submit", "--name", "a client")
+        # operator and ordinary submit tokens are not bound to a run (only, like every
+        # non-operator token, to their tenant: here the run's session's)
+        tenant = d.get("/v1/sessions/s-holder").json()["tenant"]
+        created = d.cli("token", "create", "--scope", "submit", "--name", "a client",
+                        "--tenant", tenant)
         assert created.returncode == 0, created.stderr
         client = _secret(created.stdout)
         assert _chat(d, client, program_id=f"{prog}.Elsewhere", session_id="s-holder"

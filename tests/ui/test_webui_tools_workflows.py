@@ -184,6 +184,9 @@ def test_run_form_refusals_keep_the_input(daemon: DaemonProcess, ui: httpx.Clien
     assert "start a run of analyst failed: args: not valid JSON" in page
     assert esc('{"ticker": <oops>') in page  # back in the form, escaped
     submit(ui, "/ui/workflows", "/ui/actions/run", form_id="run-submit", workflow="analyst",
+           args='{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert "args: nested too deeply" in flash_of(ui, "/ui/workflows")
+    submit(ui, "/ui/workflows", "/ui/actions/run", form_id="run-submit", workflow="analyst",
            args="{}")
     assert "ticker" in flash_of(ui, "/ui/workflows")  # the API names the missing argument
     submit(ui, "/ui/workflows", "/ui/actions/run", form_id="run-submit", workflow="analyst",

@@ -40,7 +40,7 @@ async def _start(ctl: RunController, n: int) -> Run:
     """A run as `create` leaves it, its sandbox already exited (a real process)."""
     program = await ctl.core.ensure_program(new_id("prog"), f"s-{n}")
     run = Run(id=new_id("run"), workflow="w", version=1, entry="main:main", args={"n": n},
-              program_id=program.id, session_id=program.session_id, limits={})
+              program_id=program.id, session_id=program.session_id, limits={}, tenant="t")
     run.proc = await asyncio.create_subprocess_exec("true", stdout=asyncio.subprocess.PIPE)
     await run.proc.communicate()
     run.status, run.started_at = "running", time.time()

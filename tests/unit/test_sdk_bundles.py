@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from daemon.runtime.bundles import MAX_BUNDLE_BYTES, BundleError, BundleStore, validate
+from daemon.runtime.bundles import (
+    MAX_BUNDLE_BYTES,
+    BundleError,
+    BundleStore,
+    TenantBundles,
+    validate,
+)
 
 GOOD = {"main.py": "import helper\n\ndef main(x, y=1, *, z, **kw):\n    return x\n",
         "helper.py": "VALUE = 1\n"}
@@ -58,3 +64,29 @@ def test_versions(tmp_path: Path) -> None:
     assert (store.manifest("wf", 1) or {}).get("version") == 1 and store.manifest("wf", 3) is None
     with pytest.raises(BundleError, match="invalid workflow name"):
         store.register("../x", GOOD, "main:main")
+
+
+def test_workflow_names_are_per_tenant(tmp_path: Path) -> None:
+    bundles = TenantBundles(tmp_path)
+    bundles.of("a").register("etl", GOOD, "main:main")
+    bundles.of("b").register("etl", {"m.py": "def go():\n    pass\n"}, "m:go")
+    assert (bundles.of("a").manifest("etl") or {})["entry"] == "main:main"
+    assert (bundles.of("b").manifest("etl") or {})["entry"] == "m:go"
+    assert bundles.of("c").manifest("etl") is None
+    assert [(w["tenant"], w["name"]) for w in bundles.workflows(None)] == [
+        ("a", "etl"), ("b", "etl")]
+    assert [w["tenant"] for w in bundles.workflows("b")] == ["b"]
+
+
+def test_bundles_from_before_tenants_move_to_the_default_tenant(tmp_path: Path) -> None:
+    old = BundleStore(tmp_path)
+    old.register("etl", GOOD, "main:main")
+    old.register("default", GOOD, "main:main")  # a bundle named like the tenant
+    old.register("default", GOOD, "main:main")
+    bundles = TenantBundles(tmp_path)
+    assert sorted(bundles.adopt_untenanted("default")) == ["default", "etl"]
+    assert [(w["name"], w["versions"]) for w in bundles.workflows("default")] == [
+        ("default", [1, 2]), ("etl", [1])]
+    assert (bundles.of("default").path("etl", 1) / "helper.py").is_file()
+    assert bundles.adopt_untenanted("default") == []  # the tenant layout is left alone
+    assert [w["name"] for w in bundles.workflows(None)] == ["default", "etl"]
