@@ -6,7 +6,11 @@ PAUSED and every request still queued or running was interrupted by the restart:
 
 - programs go to ACTING ("daemon restarted: request interrupted"): their next request
   continues them, as for a gateway client that retries;
-- requests are marked failed ("interrupted by a daemon restart");
+- requests are marked failed ("interrupted by a daemon restart"). No client was answered
+  for any of them: the gateway sends a completion (or a stream's final chunk) only once
+  the request's finish is committed (`_finish_recorded` in daemon/api/gateway.py), and
+  the finish moves the row out of queued/running. A request that finished but whose
+  answer had not gone out yet is found finished or failed, depending on that commit;
 - each affected session gets a `daemon.recovered` trace event that marks the gap, from
   its last event before the restart to the restart time;
 - worker rows are cleared: they describe the live pool, which is empty until the

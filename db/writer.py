@@ -4,7 +4,9 @@ The scheduler and the gateway never wait on disk: they enqueue row operations
 and go on. A background task commits them in order, one transaction per batch,
 so a batch is all-or-nothing and a crash loses at most the last flush interval.
 Callers that must know a write is durable (an API that acknowledges a change)
-await `flush()`.
+await `flush()`, or `durable(mark)` to also learn that no batch failed meanwhile.
+Either makes the writer commit at once rather than at its next interval, and all
+who wait while a commit runs share the next one (group commit).
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ class _Update:
 _Op = _Insert | _Update
 
 
+class NotDurable(Exception):
+    """A batch failed to commit after the caller's mark: what it wrote may be lost."""
+
+
 class BatchWriter:
     def __init__(self, engine: AsyncEngine, interval_s: float = 0.05, max_batch: int = 2000):
         self._engine = engine
@@ -53,6 +59,7 @@ class BatchWriter:
         self._flushed = asyncio.Condition()
         self._enqueued = 0
         self._committed = 0
+        self._failed_batches = 0
         self._task: asyncio.Task[None] | None = None
         self.events_written = 0
         self._last_ts = 0.0
@@ -105,6 +112,21 @@ class BatchWriter:
         async with self._flushed:
             await self._flushed.wait_for(lambda: self._committed >= target)
 
+    def mark(self) -> int:
+        """A point to check durability from; see `durable`."""
+        return self._failed_batches
+
+    async def durable(self, since: int) -> None:
+        """Wait until everything enqueued so far is committed; raise NotDurable if any
+        batch failed after `since` (a `mark()`), for then a write the caller made, or
+        one still pending when it took the mark, may be lost. A failure of an unrelated
+        batch in that span also raises: it cannot tell, and a store that fails is rare."""
+        if self._task is None or self._task.done():
+            raise NotDurable("the store writer is not running")  # a flush would never end
+        await self.flush()
+        if self._failed_batches != since:
+            raise NotDurable(self.last_error or "a store batch failed")
+
     async def _run(self) -> None:
         while True:
             # asyncio.timeout, not wait_for: 3.11's wait_for swallows a cancel that lands as
@@ -140,6 +162,7 @@ class BatchWriter:
             self.events_written += len(inserts.get("trace_events", ()))
             self.last_error = None
         except Exception as exc:  # keep serving; the error is visible in /healthz
+            self._failed_batches += 1
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.exception("store batch of %d operations failed", len(batch))
 

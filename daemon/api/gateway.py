@@ -23,6 +23,7 @@ from daemon.limits import admit
 from daemon.protocol import ChatMessage, Finish, SamplingParams
 from daemon.state import ProgramState, ProgramStatus, RequestState
 from daemon.tenancy import open_program
+from db.writer import NotDurable
 
 _json = msgspec.json.Encoder()
 
@@ -215,10 +216,13 @@ async def _respond(
     ephemeral = body.program_id is None and "x-program-id" not in request.headers
     headers = {"X-Program-Id": program.id, "X-Session-Id": program.session_id,
                "X-Request-Id": req.id}
+    # Taken straight after submit, before any await: no batch can have taken the request's
+    # row yet, so a failed commit of it, or of its finish, shows in this mark.
+    since = core.writer.mark()
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return Stream(
-            _sse(core, req, body.model, chat, include_usage, ephemeral),
+            _sse(core, req, body.model, chat, include_usage, ephemeral, since),
             media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"},
         )
     try:
@@ -237,6 +241,8 @@ async def _respond(
     if item.error is not None:
         raise ApiError(503 if "worker" in item.error else 500, item.error, "engine_error")
     assert item.finish is not None
+    if not await _finish_recorded(core, since):
+        raise ApiError(503, NOT_RECORDED, "store_unavailable")
     text = "".join(parts)
     created = int(req.queued_at)
     if chat:
@@ -256,6 +262,7 @@ async def _respond(
 
 async def _sse(
     core: Core, req: RequestState, model: str, chat: bool, include_usage: bool, ephemeral: bool,
+    since: int,
 ) -> AsyncIterator[bytes]:
     created = int(req.queued_at)
     obj = "chat.completion.chunk" if chat else "text_completion"
@@ -281,6 +288,10 @@ async def _sse(
                 yield b"data: " + _json.encode(error) + b"\n\n"
                 break
             if item.finish is not None:
+                if not await _finish_recorded(core, since):
+                    error = error_body(503, NOT_RECORDED, "store_unavailable")
+                    yield b"data: " + _json.encode(error) + b"\n\n"
+                    break
                 yield chunk({}, finish=_finish_reason(item.finish))
                 if include_usage:
                     yield chunk({}, usage=_usage(item.finish))
@@ -294,6 +305,21 @@ async def _sse(
             await core.abort(req.id, "client went away")
         if ephemeral:
             _release_quietly(core, req.program_id)
+
+
+NOT_RECORDED = "the completion finished but the store could not record it; retry the request"
+
+
+async def _finish_recorded(core: Core, since: int) -> bool:
+    """Whether the request's finish is committed: its row and its program's status, the
+    two that crash recovery reads (daemon/recovery.py), were enqueued before the finish
+    reached the reply. A reply waits for this, so a crash never records an answered
+    completion as interrupted; many replies share one commit (BatchWriter.durable)."""
+    try:
+        await core.writer.durable(since)
+    except NotDurable:
+        return False  # the writer logged it and /healthz shows it
+    return True
 
 
 def _release_quietly(core: Core, program_id: str) -> None:
