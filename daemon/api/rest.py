@@ -216,12 +216,18 @@ class OpsController(Controller):
         ok = core.writer.last_error is None
         body = {"status": "ok" if ok else "degraded", "workers_healthy": healthy,
                 "workers": len(core.workers), "queued": len(core.queue),
-                "store_error": core.writer.last_error}
+                # No token is needed here, and a store error's text can quote SQL
+                # parameters (users' data): its kind only; the log has the rest.
+                "store_error": None if ok else _error_kind(core.writer.last_error)}
         return Response(body, status_code=200 if ok else 503)
 
     @get("/metrics", media_type=MediaType.TEXT, opt={"scope": READ}, summary="Prometheus metrics")
     async def metrics(self, core: Core) -> str:
         return render_metrics(core)
+
+
+def _error_kind(error: str | None) -> str:
+    return f"{(error or '').partition(':')[0] or 'error'} (see the daemon's log)"
 
 
 def render_metrics(core: Core) -> str:
