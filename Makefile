@@ -37,9 +37,13 @@ endif
 test: model
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests ran" >&2; exit 1; fi; exit $$rc
 
+# mypy checks the packages listed in pyproject.toml, then each example bundle on its own;
+# lint-imports holds the architecture's import rules (pyproject.toml's contracts).
 lint: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy scheduling db
+	$(VENV)/bin/mypy
+	for example in examples/*/; do $(VENV)/bin/mypy "$$example" || exit 1; done
+	$(VENV)/bin/lint-imports
 
 # bench-tools needs a Docker engine; soak runs 30 minutes. Neither is in `bench`.
 bench: bench-gateway bench-kv bench-slo bench-runtime bench-policies

@@ -15,7 +15,8 @@
         return f"{label}"                          # using it waits for the value
 
 Type checkers see a decorated call's declared return type (the value the Future stands
-for); `agentd.as_future(x)` gives the Future itself, for its metadata.
+for); `agentd.as_future(x)` gives the Future itself, for its metadata. Likewise they see
+`Classifier()` as the plain class; `agentd.as_stub(x)` gives the stub, for its `instances`.
 
 Calls run on a thread pool: in this process (local mode) or inside a daemon sandbox
 (daemon mode, `agentctl submit`); see agentd/runtime.py for the differences.
@@ -32,10 +33,10 @@ from agentd.future import (
 )
 from agentd.managed import ManagedDict, ManagedList
 from agentd.runtime import LLMError, LLMUnavailable, current, llm, local_runtime
-from agentd.stubs import agent, tool
+from agentd.stubs import agent, as_stub, tool
 
 __all__ = [
     "ALL", "FIRST", "DependencyError", "Future", "LLMError", "LLMUnavailable", "ManagedDict",
-    "ManagedList", "agent", "as_future", "current", "llm", "local_runtime", "resolve", "tool",
-    "wait",
+    "ManagedList", "agent", "as_future", "as_stub", "current", "llm", "local_runtime",
+    "resolve", "tool", "wait",
 ]

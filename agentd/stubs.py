@@ -81,6 +81,15 @@ class AgentStub:
         return call
 
 
+def as_stub(obj: object) -> AgentStub:
+    """`obj` typed as the AgentStub it is. Type checkers see an instance of a decorated
+    class as the plain class (they do not apply class decorators); use this to reach
+    the stub's `instances`."""
+    if not isinstance(obj, AgentStub):
+        raise TypeError(f"expected an agentd agent stub, got {type(obj).__name__}")
+    return obj
+
+
 class AgentClass:
     """The decorated class: calling it makes an AgentStub."""
 

@@ -46,7 +46,8 @@ async def _marked(d: DaemonProcess, args: argparse.Namespace, marks: list[float]
     for n, at in enumerate(marks, 1):
         await asyncio.sleep(max(0.0, t0 + at - time.time()))
         os.kill(d.proc.pid, signal.SIGUSR2)
-        while not (probe / f"{n}.json").exists() and not load.done():
+        # the daemon writes the mark's file: another process, nothing here to wait on
+        while not (probe / f"{n}.json").exists() and not load.done():  # noqa: ASYNC110
             await asyncio.sleep(0.5)
         log(f"[{time.time() - t0:6.0f}s] mark {n}: rss {soak._rss_mib(d.proc.pid):.0f} MiB")
     return await load
@@ -150,12 +151,12 @@ def main() -> None:
     done = sorted(int(p.stem) for p in probe.glob("*.json"))
     if len(done) < 2:
         raise SystemExit(f"memprobe: {len(done)} mark(s) written; see {d.log_path}")
-    result = {"params": vars(args), "report": report(probe, done[0], done[-1], args.top),
+    r = report(probe, done[0], done[-1], args.top)
+    result = {"params": vars(args), "report": r,
               "requests": len(tally.calls), "ok": sum(c.ok for c in tally.calls),
               "runs": len(tally.runs), "snapshots": str(probe), "simulated": True}
     path = save(args.out, vars(args), [result])
     _plot(result, RESULTS / f"{args.out}.png")
-    r = result["report"]
     log(f"over {r['minutes']:.1f} min: traced +{r['traced_growth_mib']:.2f} MiB, RSS "
         f"+{r['rss_growth_mib']:.2f} MiB, malloc in use +{r['malloc_in_use_growth_mib']:.2f} MiB")
     for row in r["sites"][:15]:

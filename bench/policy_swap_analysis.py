@@ -39,6 +39,7 @@ def loop_hold(swaps: list[dict[str, Any]], call: str) -> dict[str, Any]:
     measured it: in wall time, and in wall and CPU time less garbage collection."""
     holds = [s["hold"][call] for s in swaps if s["hold"][call] is not None]
     wall, cpu = ([h[key] for h in holds] for key in ("wall_less_gc_ms", "cpu_less_gc_ms"))
+    worst = max(holds, key=lambda h: h["cpu_less_gc_ms"], default=None)
     return {"wall_ms": summary([h["wall_ms"] for h in holds]),
             "wall_less_gc_ms": summary(wall), "cpu_less_gc_ms": summary(cpu),
             "over_10ms_wall_less_gc": sum(v > STALL_TARGET_MS for v in wall),
@@ -46,8 +47,7 @@ def loop_hold(swaps: list[dict[str, Any]], call: str) -> dict[str, Any]:
             "steps_per_call": summary([h["steps"] for h in holds], 0),
             # where the CPU-longest of these calls held the loop (the daemon names the two
             # awaits around its longest step)
-            "worst_step": max(holds, key=lambda h: h["cpu_less_gc_ms"],
-                              default={}).get("cpu_longest_step")}
+            "worst_step": None if worst is None else worst.get("cpu_longest_step")}
 
 
 def tick_summary(run: dict[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from litestar import Litestar, Router
+from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
@@ -110,7 +111,7 @@ def create_app(config: Config) -> Litestar:
             path="/schema", route_handlers=[], opt={"scope": auth.READ})),
         debug=False,
         logging_config=None,
-        state={"daemon": daemon, "auth": daemon.auth, "limits": daemon.limits},
+        state=State({"daemon": daemon, "auth": daemon.auth, "limits": daemon.limits}),
     )
     install_policies(app)
     install_workflows(app)

@@ -30,7 +30,8 @@ from litestar import Controller, Request, Response, post
 from daemon.api.errors import ApiError, decode_body, error_body
 from daemon.auth import OPERATOR
 from daemon.core import Core
-from daemon.state import RequestStatus
+from daemon.protocol import Finish
+from daemon.state import RequestState, RequestStatus
 
 log = logging.getLogger("agentd.drain")
 
@@ -41,7 +42,7 @@ RETRY_AFTER_S = 5
 # GET /v1/runs, release, cancel, the drain) still works.
 ADMISSION_ROUTES = frozenset({("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
                               ("POST", "/v1/runs")})
-_POLL_S = 0.05
+_SEND_GRACE_S = 0.05
 
 
 # --- in the daemon ------------------------------------------------------------------
@@ -121,9 +122,26 @@ def in_flight(core: Core) -> list[str]:
     return [r.id for r in core.requests.values() if r.status in live]
 
 
+async def _until_idle(core: Core, timeout: float) -> None:
+    """Until no request is queued or running (the core ends every request through
+    `on_request_end`), or `timeout` has passed."""
+    idle = asyncio.Event()
+
+    def ended(_req: RequestState, _finish: Finish | None) -> None:
+        if not in_flight(core):
+            idle.set()
+
+    core.on_request_end.append(ended)
+    try:
+        if in_flight(core):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(idle.wait(), max(0.0, timeout))
+    finally:
+        core.on_request_end.remove(ended)
+
+
 async def _drain(core: Core, drain: DrainState) -> None:
-    while in_flight(core) and time.time() < drain.deadline_at:
-        await asyncio.sleep(_POLL_S)
+    await _until_idle(core, drain.deadline_at - time.time())
     left = in_flight(core)
     deadline = drain.deadline_at - drain.started_at
     for request_id in left:
@@ -132,7 +150,7 @@ async def _drain(core: Core, drain: DrainState) -> None:
     core.writer.trace("daemon.drained", aborted=len(left),
                       seconds=round(time.time() - drain.started_at, 3))
     await core.writer.flush()
-    await asyncio.sleep(_POLL_S)  # let the last responses and stream ends go out
+    await asyncio.sleep(_SEND_GRACE_S)  # let the last responses and stream ends go out
     log.info("drained (%d aborted at the deadline); stopping", len(left))
     os.kill(os.getpid(), signal.SIGTERM)
 

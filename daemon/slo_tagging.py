@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from daemon.tenant_names import DEFAULT_TENANT
 from scheduling.admission import ConformalCalibrator
@@ -46,20 +46,23 @@ TOKENS_PER_MESSAGE = 4  # chat template markers
 REFRESH = 16  # observations of a cell before its median or quantile is recomputed
 TAG_CACHE = 4096
 
+Cell = TypeVar("Cell")
+Value = TypeVar("Value")
+
 
 def importance(priority: int) -> float:
     """Priority 0 is the paper's neutral 0.75; each step up or down moves it by 0.125."""
     return min(1.0, max(0.5, 0.75 + 0.125 * priority))
 
 
-class _Refreshing:
+class _Refreshing(Generic[Cell, Value]):
     """Counts observations per cell; a cell's cached value is dropped every REFRESH."""
 
     def __init__(self) -> None:
-        self.cache: dict[object, object] = {}
-        self._since: Counter[object] = Counter()
+        self.cache: dict[Cell, Value] = {}
+        self._since: Counter[Cell] = Counter()
 
-    def observed(self, cell: object) -> None:
+    def observed(self, cell: Cell) -> None:
         self._since[cell] += 1
         if self._since[cell] >= REFRESH or self.cache.get(cell) is None:
             self.cache.pop(cell, None)
@@ -69,7 +72,7 @@ class _Refreshing:
 class CachedLengths(LengthPredictor):
     def __init__(self) -> None:
         super().__init__()
-        self._refresh = _Refreshing()
+        self._refresh: _Refreshing[tuple[TaskType, int], int] = _Refreshing()
         self.cap = 1 << 30  # the request being tagged can generate no more than this
 
     def observe(self, task: TaskType, prompt_tokens: int, output_tokens: int) -> None:
@@ -81,13 +84,13 @@ class CachedLengths(LengthPredictor):
         value = self._refresh.cache.get(cell)
         if value is None:
             value = self._refresh.cache[cell] = super().predict(task, prompt_tokens)
-        return min(self.cap, int(value))  # type: ignore[call-overload]
+        return min(self.cap, value)
 
 
 class CachedCalibrator(ConformalCalibrator):
     def __init__(self, max_tokens: int) -> None:
         super().__init__(max_tokens=max_tokens)
-        self._refresh = _Refreshing()
+        self._refresh: _Refreshing[int, float | None] = _Refreshing()
         self.cap = max_tokens
 
     def upper(self, prompt_tokens: int, l_pred: int, max_tokens: int | None = None) -> int:
@@ -101,8 +104,7 @@ class CachedCalibrator(ConformalCalibrator):
         bucket = prompt_bucket(prompt_tokens)
         if bucket not in self._refresh.cache:
             self._refresh.cache[bucket] = super().quantile(prompt_tokens)
-        value = self._refresh.cache[bucket]
-        return None if value is None else float(value)  # type: ignore[arg-type]
+        return self._refresh.cache[bucket]
 
 
 class CachedSlos:

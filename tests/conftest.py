@@ -1,7 +1,8 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -9,23 +10,23 @@ from tests.daemon_process import DaemonProcess
 
 
 @pytest.fixture
-def daemon_factory(tmp_path: Path) -> Iterator[type]:
+def daemon_factory(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
     """Start real daemons in a temp dir; every one started is stopped afterwards."""
     started: list[DaemonProcess] = []
 
-    def make(**kw: object) -> DaemonProcess:
+    def make(**kw: Any) -> DaemonProcess:
         kw.setdefault("data_dir", tmp_path / "data")
-        d = DaemonProcess(**kw)  # type: ignore[arg-type]
+        d = DaemonProcess(**kw)
         started.append(d)
         return d
 
-    yield make  # type: ignore[misc]
+    yield make
     for d in started:
         d.stop()
 
 
 @pytest.fixture
-def sim_daemon(daemon_factory) -> DaemonProcess:  # type: ignore[no-untyped-def]
+def sim_daemon(daemon_factory: Callable[..., DaemonProcess]) -> DaemonProcess:
     return daemon_factory(workers=1).start()
 
 

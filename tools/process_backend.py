@@ -111,7 +111,7 @@ class ProcessBackend:
         return Environment("process", str(path), owner, spec, str(path / "work"))
 
     async def exec(self, env: Environment, argv: Sequence[str], timeout_s: float) -> ExecResult:
-        if not os.path.isdir(env.workdir):
+        if not await asyncio.to_thread(os.path.isdir, env.workdir):
             raise ToolError(Reason.DEAD, f"working directory {env.workdir} is gone")
         limits = _rlimits(env.spec)
         start = time.monotonic()

@@ -45,10 +45,11 @@ if os.environ.get("AGENTD_MEMPROBE_DIR") and _is_daemon():
     tracemalloc.start(int(os.environ.get("AGENTD_MEMPROBE_FRAMES", "15")))
     _marks = [0]
 
+    MALLINFO2 = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                 "uordblks", "fordblks", "keepcost")
+
     class _MallInfo2(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
-            "uordblks", "fordblks", "keepcost")]
+        _fields_ = [(n, ctypes.c_size_t) for n in MALLINFO2]
 
     def _mallinfo() -> dict[str, int]:
         try:
@@ -57,7 +58,7 @@ if os.environ.get("AGENTD_MEMPROBE_DIR") and _is_daemon():
             info = libc.mallinfo2()
         except (OSError, AttributeError):
             return {}
-        return {n: int(getattr(info, n)) for n, _ in _MallInfo2._fields_}
+        return {n: int(getattr(info, n)) for n in MALLINFO2}
 
     def _rss_kib() -> int:
         with open("/proc/self/status") as f:

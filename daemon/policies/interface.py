@@ -54,9 +54,11 @@ def find_class(layer: Layer, name: str, namespace: dict[str, Any],
     if abstract:
         problems.append(Problem(f"{cls.__name__} leaves abstract: {', '.join(abstract)}",
                                 class_line))
-    if getattr(cls, "name", None) != name:
-        problems.append(Problem(f"{cls.__name__}.name must be {name!r}, "
-                                f"got {getattr(cls, 'name', None)!r}", name_line or class_line))
+    declared = getattr(cls, "name", None)
+    if declared != name:
+        got = declared if isinstance(declared, str) else None  # not the base's property
+        problems.append(Problem(f"{cls.__name__}.name must be {name!r}, got {got!r}",
+                                name_line or class_line))
     if problems:
         raise SandboxError(problems)
     return cls

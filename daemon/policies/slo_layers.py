@@ -19,13 +19,8 @@ from daemon.policies.layer_spec import DryCall, Layer
 from daemon.slo_long_view import stepped
 from daemon.slo_settings import startup_policy
 from scheduling.admission import AdmissionDecision, AdmissionFence, ExecutionControls
-from scheduling.layer_policies import (
-    ADMISSION_POLICIES,
-    META_POLICIES,
-    AdmissionPolicy,
-    MetaPolicy,
-)
-from scheduling.meta import Decision
+from scheduling.layer_policies import ADMISSION_POLICIES, META_POLICIES, AdmissionPolicy
+from scheduling.meta import Decision, MetaPolicy
 from scheduling.ordering import OrderingPolicy, default_registry
 from scheduling.prediction import QueuedRequest
 from scheduling.slo_templates import TABLE_6, TaskType

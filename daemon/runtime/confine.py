@@ -168,16 +168,22 @@ async def _probe(box: Confinement) -> Confinement:
     return box
 
 
-async def _probe_once(box: Confinement) -> dict[str, Any]:
+def _probe_tree() -> Path:
+    """A sandbox root whose workflow returns 1."""
     root = Path(tempfile.mkdtemp(prefix="agentd-probe-"))
+    (root / "work").mkdir()
+    (root / "work" / "main.py").write_text("def main():\n    return 1\n")
+    return root
+
+
+async def _probe_once(box: Confinement) -> dict[str, Any]:
+    root = await asyncio.to_thread(_probe_tree)
     work = root / "work"
-    work.mkdir()
-    (work / "main.py").write_text("def main():\n    return 1\n")
     limits = {"memory_mb": 1024, "processes": 64, "disk_mb": 8}
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "AGENTD_DAEMON_URL": box.base_url}
     jail = Jail(box, "probe", limits)
     try:
-        with open(root / "probe.log", "wb") as log_file:
+        with await asyncio.to_thread(open, root / "probe.log", "wb") as log_file:
             proc = await jail.spawn(root, work, log_file, env, probe=True)
             try:
                 stdout, _ = await asyncio.wait_for(
@@ -189,7 +195,8 @@ async def _probe_once(box: Confinement) -> dict[str, Any]:
         try:
             result: dict[str, Any] = json.loads(lines[-1])
         except (IndexError, ValueError):
-            tail = (root / "probe.log").read_text(errors="replace")[-500:]
+            tail = (await asyncio.to_thread((root / "probe.log").read_text,
+                                            errors="replace"))[-500:]
             return {"ok": False, "reason": f"exit {proc.returncode}, no result: {tail}"}
         return result
     finally:

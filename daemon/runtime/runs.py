@@ -122,6 +122,12 @@ async def exchange(proc: asyncio.subprocess.Process, spec: bytes, limit: int) ->
     return bytes(reply)
 
 
+def _copy_bundle(bundle: Path, work: Path) -> None:
+    """The run's working copy of its bundle, without the bundle's manifest."""
+    shutil.copytree(bundle, work)
+    (work / "manifest.json").unlink(missing_ok=True)
+
+
 def _log_tail(path: Path) -> str:
     """The end of a sandbox's log, read from the end: the log may be `file_size_mb`."""
     with open(path, "rb") as f:
@@ -315,17 +321,16 @@ class RunController:
 
     async def _execute(self, run: Run, secret: str) -> None:
         root = Path(tempfile.mkdtemp(prefix=f"agentd-{run.id}-"))
-        work = root / "work"
         log_path = root / "sandbox.log"
         outcome: dict[str, Any]
         try:
-            shutil.copytree(self.bundles.of(run.tenant).path(run.workflow, run.version), work)
-            (work / "manifest.json").unlink(missing_ok=True)
+            bundle = self.bundles.of(run.tenant).path(run.workflow, run.version)
+            await asyncio.to_thread(_copy_bundle, bundle, root / "work")
             run.workdir = root
             spec = {"entry": run.entry, "args": run.args,
                     "limits": {k: v for k, v in run.limits.items() if k != "timeout_s"},
                     "max_result_bytes": self.core.config.max_result_bytes}
-            with open(log_path, "wb") as log_file:
+            with await asyncio.to_thread(open, log_path, "wb") as log_file:
                 proc, jail = await self._start_sandbox(run, root, log_file, secret)
             run.proc, run.pid = proc, proc.pid
             run.status, run.started_at = "running", time.time()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
 
 from scheduling.kv.decisions import Decision, Pause, Restore
 from scheduling.kv.view import KvView
@@ -16,7 +15,11 @@ class KvPolicy(ABC):
     one can be swapped for another between two steps without losing anything.
     """
 
-    name: ClassVar[str]
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """The policy's name; a subclass sets it as a class attribute. A property here so
+        that a wrapper (the daemon's guard) may answer with the name of what it wraps."""
 
     @abstractmethod
     def decide(self, view: KvView, now: float) -> list[Decision]:

@@ -15,6 +15,8 @@ import os
 import socket
 import sqlite3
 import time
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 
@@ -23,14 +25,18 @@ MAIN_FORKS = 50  # without a limit: 50 children + 400 grandchildren, all asleep 
 DISK_CAP = 1 << 30
 
 
-def _fork_exec(argv, out_w, err_pipe, preexec=None, setsid=False):
+def _fork_exec(argv: list[str], out_w: int, err_pipe: tuple[int, int],
+               preexec: Callable[[], None] | None = None, setsid: bool = False) -> int:
     args = [os.fsencode(a) for a in argv]
+    # typeshed types cwd as str and preexec_fn as a callable; CPython takes None for both
+    # (subprocess.Popen passes None when it has neither)
     return _posixsubprocess.fork_exec(
-        args, args[:1], True, (err_pipe[1],), None, None, -1, -1, -1, out_w, -1, out_w,
-        err_pipe[0], err_pipe[1], False, setsid, -1, None, None, None, -1, preexec, False)
+        args, args[:1], True, (err_pipe[1],), None, None, -1, -1, -1, out_w,  # type: ignore[arg-type]
+        -1, out_w, err_pipe[0], err_pipe[1], False, setsid, -1, None, None, None, -1,
+        preexec, False)  # type: ignore[arg-type]
 
 
-def spawn(argv):
+def spawn(argv: list[str]) -> tuple[int, str]:
     """Run argv; (exit status, output). An exec failure raises its OSError."""
     out_r, out_w = os.pipe()
     err = os.pipe()
@@ -52,20 +58,20 @@ def spawn(argv):
     return os.waitstatus_to_exitcode(status), output.decode(errors="replace")
 
 
-def _sleeping_child(depth):
-    def run():
+def _sleeping_child(depth: int) -> Callable[[], None]:
+    def run() -> None:
         if depth > 0:
             for _ in range(FORK_FANOUT):
                 try:
                     _fork_nowait(_sleeping_child(depth - 1))
                 except OSError:
                     break
-        time.sleep(20)
+        time.sleep(20)  # the attack: a process that outlives its run unless it is reaped
         os._exit(0)
     return run
 
 
-def _fork_nowait(preexec):
+def _fork_nowait(preexec: Callable[[], None]) -> int:
     """A child in a session of its own: killing the run's process group misses it."""
     err = os.pipe()
     try:
@@ -75,17 +81,17 @@ def _fork_nowait(preexec):
         os.close(err[1])
 
 
-def fork_bomb():
+def fork_bomb() -> dict[str, str]:
     """Children that fork grandchildren that sleep; stops at the first refused fork."""
     started = 0
     for _ in range(MAIN_FORKS):
         _fork_nowait(_sleeping_child(1))
         started += 1
-        time.sleep(0.01)
+        time.sleep(0.01)  # the attack's own pace: forks spread out, not a wait on anything
     return {"escaped": f"started {started} processes, none refused"}
 
 
-def fill(directory):
+def fill(directory: str) -> dict[str, str]:
     """Write 1 MiB chunks into new 4 MiB files until something refuses."""
     chunk = b"x" * (1 << 20)
     written, n = 0, 0
@@ -99,7 +105,7 @@ def fill(directory):
     return {"escaped": f"wrote {written >> 20} MiB"}
 
 
-def _api(target):
+def _api(target: str) -> dict[str, Any]:
     """target: "PATH" (a GET) or "METHOD PATH [JSON body]", called with the run's token;
     `{program}` in PATH is the run's own program."""
     parts = target.split(" ", 2) if " " in target else ["GET", target]
@@ -114,7 +120,7 @@ def _api(target):
     raise PermissionError(f"the daemon refused {method} {path}: {r.status_code} {r.text[:200]}")
 
 
-def chat_as(target):
+def chat_as(target: str) -> dict[str, str]:
     """A chat completion as another program: target is "PROGRAM [SESSION]"."""
     program, _, session = target.partition(" ")
     base = os.environ["AGENTD_DAEMON_URL"] + "/v1"
@@ -131,7 +137,7 @@ def chat_as(target):
                           f"{r.text[:300]}")
 
 
-def main(attempt: str, target: str = ""):
+def main(attempt: str, target: str = "") -> dict[str, Any]:
     if attempt == "open":
         with open(target, "rb") as f:
             return {"escaped": f.read(64).hex()}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.daemon_process import DaemonProcess
 
@@ -58,17 +59,21 @@ def test_text_completion(client: openai.OpenAI) -> None:
     assert resp.choices[0].text.split() and resp.usage.completion_tokens == 4  # type: ignore[union-attr]
 
 
-def test_program_steps_hit_the_prefix_cache(client, sim_daemon) -> None:  # type: ignore[no-untyped-def]
-    history = [{"role": "system", "content": "You are a careful agent. " * 20},
-               {"role": "user", "content": "step one"}]
+def test_program_steps_hit_the_prefix_cache(client: openai.OpenAI,
+                                            sim_daemon: DaemonProcess) -> None:
+    history: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": "You are a careful agent. " * 20},
+        {"role": "user", "content": "step one"}]
     first = client.chat.completions.create(
         model=MODEL, messages=history, max_tokens=5, extra_body={"program_id": "p-cache"})
     history += [{"role": "assistant", "content": first.choices[0].message.content},
                 {"role": "user", "content": "tool output: ok. step two"}]
     second = client.chat.completions.create(
         model=MODEL, messages=history, max_tokens=5, extra_body={"program_id": "p-cache"})
-    assert second.usage.prompt_tokens_details.cached_tokens > 0  # type: ignore[union-attr]
-    assert second.usage.prompt_tokens > first.usage.prompt_tokens  # type: ignore[union-attr]
+    assert second.usage is not None and first.usage is not None
+    cached = second.usage.prompt_tokens_details
+    assert cached is not None and cached.cached_tokens is not None and cached.cached_tokens > 0
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens
     program = sim_daemon.get("/v1/programs/p-cache").json()
     assert program["steps"] == 2
 

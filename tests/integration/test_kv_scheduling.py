@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 
 import openai
 import pytest
@@ -30,7 +31,7 @@ async def agent_loop(client: openai.AsyncOpenAI, n: int, steps: int, rng: random
 
 
 @pytest.fixture
-def kv_daemon(daemon_factory) -> DaemonProcess:  # type: ignore[no-untyped-def]
+def kv_daemon(daemon_factory: Callable[..., DaemonProcess]) -> DaemonProcess:
     # Two workers with 6k tokens of KV each: 50 programs of ~600 tokens must take turns.
     return daemon_factory(workers=2, env={"AGENTD_SIM_KV_TOKENS": "6144",
                                           "AGENTD_KV_POLICY": "thunderagent"}).start()

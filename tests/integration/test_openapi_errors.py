@@ -8,6 +8,7 @@ operation and status.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -27,7 +28,7 @@ def declared(doc: dict[str, Any], path: str, method: str, status: int) -> dict[s
 
 
 @pytest.fixture
-def daemon(daemon_factory) -> DaemonProcess:  # type: ignore[no-untyped-def]
+def daemon(daemon_factory: Callable[..., DaemonProcess]) -> DaemonProcess:
     return daemon_factory(workers=1).start()
 
 

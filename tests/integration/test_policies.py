@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -79,10 +81,11 @@ def events(d: PolicyDaemon, name: str) -> list[dict[str, object]]:
 
 
 @pytest.fixture
-def pd(tmp_path) -> PolicyDaemon:  # type: ignore[no-untyped-def]
+def pd(tmp_path: Path) -> Iterator[PolicyDaemon]:
     d = PolicyDaemon(data_dir=tmp_path / "data", workers=2,
                      env={"AGENTD_KV_POLICY": "vllm-default"})
-    yield d.start()
+    d.start()
+    yield d
     d.stop()
 
 
@@ -134,10 +137,10 @@ def test_swap_under_load_rollback_history_and_restart(pd: PolicyDaemon) -> None:
     assert boom["versions"][0]["status"] == "rolled_back" and boom["active_version"] is None
     [rolled] = [e for e in boom["events"] if e["kind"] == "policy.rolled_back"]
     data = rolled["data"]
-    assert "RuntimeError: boom after arming" in data["reason"]  # type: ignore[operator]
-    assert (data["restored"], data["restored_version"]) == ("canary", 1)  # type: ignore[index]
+    assert "RuntimeError: boom after arming" in data["reason"]
+    assert (data["restored"], data["restored_version"]) == ("canary", 1)
     # one kv tick is 0.3 s: the first failing decide after arming triggers it
-    assert float(rolled["ts"]) - arm_at < 1.0  # type: ignore[arg-type]
+    assert float(rolled["ts"]) - arm_at < 1.0
     canary = pd.get("/v1/policies/canary").json()
     assert canary["active_version"] == 1 and canary["status"] == "active"
     kinds = [e["kind"] for e in canary["events"]]

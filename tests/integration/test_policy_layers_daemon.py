@@ -246,8 +246,11 @@ def test_repeated_failures_retire_a_version(daemon_factory, tmp_path) -> None:  
     for failures in (1, 2, 3):
         r = activate(d, "boom-admit")
         assert r.status_code == 200, r.text
-        wait_for(lambda n=failures: len(trace(d, "policy.rolled_back")) == n, 15,
-                 f"rollback {failures}")
+
+        def rolled_back(n: int = failures) -> bool:
+            return len(trace(d, "policy.rolled_back")) == n
+
+        wait_for(rolled_back, 15, f"rollback {failures}")
     status = wait_for(lambda: d.get("/v1/policies/boom-admit").json()["versions"][0]["status"]
                       == "retired", 5, "the version to be retired")
     assert status

@@ -7,6 +7,7 @@ past its timeout is aborted; with no worker there is no call at all."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +44,11 @@ timeout_s = 2.5
 """
 
 
-def configured(daemon_factory: Any, tmp_path: Path, config: str, **kw: Any) -> DaemonProcess:
+def configured(daemon_factory: Callable[..., DaemonProcess], tmp_path: Path, config: str,
+               **kw: Any) -> DaemonProcess:
     path = tmp_path / "agentd.toml"
     path.write_text(config)
-    return daemon_factory(extra_args=["--config", str(path)], **kw).start()  # type: ignore[no-any-return]
+    return daemon_factory(extra_args=["--config", str(path)], **kw).start()
 
 
 def decisions(d: DaemonProcess) -> list[dict[str, Any]]:
@@ -60,7 +62,8 @@ def with_outcome(d: DaemonProcess, outcome: str, n: int) -> list[dict[str, Any]]
     return found if len(found) >= n else []
 
 
-def test_sim_replies_fall_back_to_the_rules_every_time(daemon_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_sim_replies_fall_back_to_the_rules_every_time(daemon_factory: Callable[..., DaemonProcess],
+                                                       tmp_path: Path) -> None:
     d = configured(daemon_factory, tmp_path, FAST)
     invalid = wait_for(lambda: with_outcome(d, "invalid", 4), 60, "four rejected replies")
     for e in invalid:
@@ -93,7 +96,8 @@ def test_sim_replies_fall_back_to_the_rules_every_time(daemon_factory, tmp_path)
     assert 'agentd_meta_llm_decisions_total{outcome="invalid"}' in d.get("/metrics").text
 
 
-def test_a_slow_call_never_holds_up_the_meta_loop(daemon_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_slow_call_never_holds_up_the_meta_loop(daemon_factory: Callable[..., DaemonProcess],
+                                                   tmp_path: Path) -> None:
     d = configured(daemon_factory, tmp_path, SLOW)
     timeouts = wait_for(lambda: with_outcome(d, "timeout", 2), 90, "two timed-out calls")
     events = decisions(d)
@@ -116,8 +120,8 @@ def test_a_slow_call_never_holds_up_the_meta_loop(daemon_factory, tmp_path) -> N
     assert aborted and aborted[0]["data"]["error"] == "meta-llm call timed out"
 
 
-def test_without_a_worker_the_rules_decide_and_the_trace_says_why(daemon_factory,
-                                                                  tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_without_a_worker_the_rules_decide_and_the_trace_says_why(
+        daemon_factory: Callable[..., DaemonProcess], tmp_path: Path) -> None:
     d = configured(daemon_factory, tmp_path, FAST, workers=0)
     found = wait_for(lambda: with_outcome(d, "no_worker", 2), 30, "no-worker decisions")
     data = found[0]["data"]

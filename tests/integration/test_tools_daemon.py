@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
 
 from tests.daemon_process import DaemonProcess
+from tests.waiting import wait_for
 
 MODEL = "sim-llama3-8b"
 
@@ -29,7 +32,8 @@ exec_timeout_s = 10
 
 
 @pytest.fixture
-def tool_daemon(daemon_factory, tmp_path: Path) -> DaemonProcess:  # type: ignore[no-untyped-def]
+def tool_daemon(daemon_factory: Callable[..., DaemonProcess],
+                tmp_path: Path) -> DaemonProcess:
     cfg = config_file(tmp_path, setup_s=1.5)
     return daemon_factory(workers=1, extra_args=["--config", str(cfg)]).start()
 
@@ -54,11 +58,8 @@ def test_exec_round_trip_and_release_removes_everything(tool_daemon: DaemonProce
     owned = [t for t in d.get("/v1/tools").json()["data"] if t.get("program_id") == "p-tool"]
     assert owned
     assert d.post("/v1/programs/p-tool/release").status_code == 200
-    deadline = time.time() + 10
-    while time.time() < deadline and any(
-            t.get("program_id") == "p-tool" for t in d.get("/v1/tools").json()["data"]):
-        time.sleep(0.2)
-    assert not [t for t in d.get("/v1/tools").json()["data"] if t.get("program_id") == "p-tool"]
+    wait_for(lambda: not [t for t in d.get("/v1/tools").json()["data"]
+                          if t.get("program_id") == "p-tool"], 10, "p-tool's tools to go")
     kinds = [e["kind"] for e in d.get("/v1/sessions/s-tool/trace").json()["data"]]
     assert {"tool.exec.start", "tool.exec.end", "tool.release"} <= set(kinds)
 
@@ -70,12 +71,9 @@ def test_killed_program_loses_its_tools(tool_daemon: DaemonProcess) -> None:
     assert r.status_code == 200 and r.json()["reason"] == "ok"
     assert d.get("/v1/tools", params={"program_id": "p-kill"}).json()["data"]
     assert d.post("/v1/programs/p-kill/kill").json()["status"] == "FAILED"
-    deadline = time.time() + 10
     # Rows without a program are backends that could not be asked (no Docker here).
-    while [t for t in d.get("/v1/tools", params={"program_id": "p-kill"}).json()["data"]
-           if t.get("program_id") == "p-kill"]:
-        assert time.time() < deadline, "a killed program's tools were not reclaimed"
-        time.sleep(0.2)
+    wait_for(lambda: not [t for t in d.get("/v1/tools", params={"program_id": "p-kill"}).json()[
+        "data"] if t.get("program_id") == "p-kill"], 10, "the killed program's tools to go")
     r = d.post("/v1/programs/p-kill/tools/shell/exec", json={"command": "true"})
     assert r.status_code == 409
 
@@ -97,7 +95,9 @@ def test_declared_tool_prepares_while_waiting(tool_daemon: DaemonProcess) -> Non
     assert r.status_code == 200, r.text
     t0 = time.time()
     chat(d, "p-early")  # queued → preparation starts now, overlapping the LLM call
-    time.sleep(1.6)  # the program "reasons" about as long as setup takes
+    # The program "reasons" about as long as setup takes: a client that takes its time is
+    # what is tested (the setup hides behind it), not a wait for the daemon.
+    time.sleep(1.6)
     t1 = time.time()
     r = d.post("/v1/programs/p-early/tools/shell/exec", json={"command": "echo ready"})
     waited = r.json()["duration_s"]
@@ -135,18 +135,26 @@ def test_a_tool_run_through_agentd_drives_the_programs_kv_acting_time(
     duration is its tool-time history; the next request starts a new acting period."""
     d = tool_daemon
     chat(d, "p-kv")
-    time.sleep(0.3)  # the client "thinks" before it calls the tool: not tool time
+    # The client "thinks" before it calls the tool: time that must not count as tool time
+    # (asserted below), not a wait for the daemon.
+    time.sleep(0.3)
     before = d.get("/v1/programs/p-kv/tools").json()["kv"]
     assert before["status"] == "acting" and not before["tool_running"]
     assert before["tool_last_s"] is None
     done = threading.Event()
-    worker = threading.Thread(target=lambda: (d.post(
-        "/v1/programs/p-kv/tools/shell/exec", json={"command": "sleep 1"}), done.set()))
+
+    def run_tool() -> None:
+        d.post("/v1/programs/p-kv/tools/shell/exec", json={"command": "sleep 1"})
+        done.set()
+
+    worker = threading.Thread(target=run_tool)
     worker.start()
-    deadline = time.time() + 5
-    while not (running := d.get("/v1/programs/p-kv/tools").json()["kv"])["tool_running"]:
-        assert time.time() < deadline and not done.is_set(), "the running tool never showed"
-        time.sleep(0.05)
+    def running_tool() -> dict[str, Any] | None:
+        assert not done.is_set(), "the tool ended before it showed as running"
+        kv: dict[str, Any] = d.get("/v1/programs/p-kv/tools").json()["kv"]
+        return kv if kv["tool_running"] else None
+
+    running = wait_for(running_tool, 5, "the running tool to show", interval=0.05)
     worker.join(30)
     after = d.get("/v1/programs/p-kv/tools").json()["kv"]
     events = d.get("/v1/sessions/p-kv/trace", params={"limit": 1000}).json()["data"]

@@ -96,7 +96,8 @@ def test_prefix_cache_hit_is_reported(client: openai.OpenAI) -> None:
                                             extra_body={"program_id": "p-prefix"})
     assert second.usage is not None and first.usage is not None
     assert second.usage.prompt_tokens > first.usage.prompt_tokens
-    assert second.usage.prompt_tokens_details.cached_tokens > 0  # type: ignore[union-attr]
+    cached = second.usage.prompt_tokens_details
+    assert cached is not None and cached.cached_tokens is not None and cached.cached_tokens > 0
 
 
 def test_usage_rises_under_load_and_abort_frees_the_request(client, daemon) -> None:  # type: ignore[no-untyped-def]

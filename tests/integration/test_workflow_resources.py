@@ -104,7 +104,10 @@ def test_provision_refused_for_lack_of_capacity_and_kill_frees_it(d: DaemonProce
     assert final["status"] == "finished", final
     assert final["result"] == {"seen": [1, 2, 1, 2], "work": [0, 1, 2, 3]}
     events = _events(d, "s-res")
-    of = lambda kind: [e["data"] for e in events if e["kind"] == kind]  # noqa: E731
+
+    def of(kind: str) -> list[dict[str, Any]]:
+        return [e["data"] for e in events if e["kind"] == kind]
+
     decided = [(e["decision_kind"], e["ok"]) for e in of("control.decision")
                if e["by"] == "operator"]
     assert decided == [("Provision", True), ("Provision", False), ("Kill", True),

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from textual.app import App
-from textual.worker import Worker, WorkerState
+from textual.worker import Worker, WorkerError, WorkerState
 
 from console.client import AsyncAgentdClient
 from console.tui.app import AgentdTui
@@ -147,5 +147,5 @@ async def test_finish_workers_waits_for_slow_cleanup_and_reports_the_stuck() -> 
 
 async def until_finished(worker: Worker[Any]) -> None:
     async with asyncio.timeout(2.0):
-        while not worker.is_finished:
-            await asyncio.sleep(0.01)
+        with contextlib.suppress(WorkerError):  # cancelled or failed: it has ended either way
+            await worker.wait()

@@ -19,6 +19,7 @@ from tests.daemon_process import DaemonProcess
 from tests.ui.webui_support import (
     csrf_of,
     esc,
+    found,
     login,
     program,
     require_ui,
@@ -134,7 +135,7 @@ def test_every_page_renders(daemon: DaemonProcess, ui: httpx.Client) -> None:
     assert 'name="worker_id"' in one.text and 'for="session-worker"' in one.text
     assert "No futures recorded" in one.text and "holds no managed state" in one.text
     zoomed = ui.get("/ui/session", params={"id": "render-s1", "zoom": 4})
-    widths = [int(re.search(r'<svg id="timeline"[^>]* width="(\d+)"', page.text).group(1))
+    widths = [int(found(r'<svg id="timeline"[^>]* width="(\d+)"', page.text, 1))
               for page in (one, zoomed)]
     assert widths[1] > 3 * widths[0] // 2 and 'aria-current="true">4\u00d7' in zoomed.text
 

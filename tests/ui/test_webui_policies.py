@@ -16,6 +16,7 @@ from tests.ui.webui_support import (
     csrf_of,
     esc,
     flash_of,
+    found,
     login,
     require_ui,
     submit,
@@ -90,7 +91,7 @@ def test_edit_validate_diff_activate_and_roll_back(daemon: DaemonProcess,
     assert r.status_code == 303 and r.headers["location"] == page_of("ui-canary", 1) + "#report"
     shown = ui.get(page_of("ui-canary", 1)).text
     assert "saved ui-canary v1 (not active yet): validation ok" in shown
-    report = re.search(r'<div id="validation-report".*?</div>', shown, re.S).group(0)
+    report = found(r'<div id="validation-report".*?</div>', shown)
     assert "Valid" in report and "class <code>Canary</code>" in report
     assert re.search(r'<tr id="L4"><td class="ln">4</td><td><code>class Canary', shown)
 
@@ -101,7 +102,7 @@ def test_edit_validate_diff_activate_and_roll_back(daemon: DaemonProcess,
     assert r.headers["location"] == page_of("ui-canary", 2) + "#report"
     shown = ui.get(page_of("ui-canary", 2)).text
     assert "validation FAILED (" in shown
-    report = re.search(r'<div id="validation-report".*?</div>', shown, re.S).group(0)
+    report = found(r'<div id="validation-report".*?</div>', shown)
     assert "Invalid" in report and '<a href="#L8">line 8</a>' in report
     assert "ZeroDivisionError" in report
     assert versions_status(daemon, "ui-canary") == {1: "draft", 2: "draft"}

@@ -21,6 +21,7 @@ from tests.ui.webui_support import (
     api_json,
     esc,
     flash_of,
+    found,
     require_ui,
     run_program,
     sse_events,
@@ -95,11 +96,11 @@ def test_tools_page_lists_owners_and_reclaims_orphans(daemon: DaemonProcess,
     assert ">shell<" in rows["tool-live"] and ">process<" in rows["tool-live"]
     assert re.search(r"\d+(\.\d)? (B|KiB|MiB)", rows["tool-live"])  # its disk
     assert re.search(r"\d+ resource\(s\) of \d+ program\(s\)", text_of(page))
-    owner = re.search(r'<tr data-owner="tool-live">.*?</tr>', page, re.S).group(0)
+    owner = found(r'<tr data-owner="tool-live">.*?</tr>', page)
     assert '<td class="num">1</td>' in owner
 
     preview = ui.get("/ui/tools", params={"preview": "1"}).text
-    table = re.search(r'<table id="reclaim-preview">.*?</table>', preview, re.S).group(0)
+    table = found(r'<table id="reclaim-preview">.*?</table>', preview)
     assert esc(orphan) in table and "tool-live" not in table
     assert orphan in tool_owners(daemon)  # a preview removes nothing
 
@@ -119,7 +120,7 @@ def test_tools_page_lists_owners_and_reclaims_orphans(daemon: DaemonProcess,
 def test_workflows_page_lists_bundles_and_runs(daemon: DaemonProcess,
                                                ui: httpx.Client) -> None:
     page = ui.get("/ui/workflows").text
-    row = re.search(r'<tr data-workflow="analyst">.*?</tr>', page, re.S).group(0)
+    row = found(r'<tr data-workflow="analyst">.*?</tr>', page)
     assert "<code>ticker</code> (required)" in row and "<code>main:main</code>" in row
     assert '<option value="sleeper"' in page and 'for="run-args"' in page
 
@@ -131,7 +132,7 @@ def test_submit_a_run_follow_it_live_and_see_its_futures(daemon: DaemonProcess,
                args='{"ticker": "ACME"}', limits='{"timeout_s": 120}')
     assert r.status_code == 303, r.text
     location = r.headers["location"]
-    run_id = re.fullmatch(r"/ui/run\?id=(run-[0-9a-f]+)", location).group(1)
+    run_id = found(r"^/ui/run\?id=(run-[0-9a-f]+)$", location, 1)
     events = sse_events(ui, f"/ui/run/events?id={run_id}", lambda e, _: e == "done")
     kinds = [data["kind"] for event, data in events if event == "run-event"]
     assert kinds[0] == "run.created" and kinds[-1] == "run.finished"
@@ -148,7 +149,7 @@ def test_submit_a_run_follow_it_live_and_see_its_futures(daemon: DaemonProcess,
     assert runs(daemon)[0]["limits"]["timeout_s"] == 120
 
     session = ui.get("/ui/session", params={"id": "ui-run-s"}).text
-    graph = re.search(r'<svg id="futures".*?</svg>', session, re.S).group(0)
+    graph = found(r'<svg id="futures".*?</svg>', session)
     assert graph.count('class="future f-done"') == 5
     assert graph.count('<path class="dep"') == 5  # market_data -> 2 agents, 3 -> summary
     assert "Summariser.summarise waits for StockAgent.analyse" in graph

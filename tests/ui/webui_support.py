@@ -42,6 +42,14 @@ def text_of(page: str) -> str:
     return re.sub(r"<[^>]+>", "", page)
 
 
+def found(pattern: str, page: str, group: int = 0) -> str:
+    """What `pattern` (its `.` matching newlines too) finds in `page`, or that group of it;
+    the test fails, showing the page, when it finds nothing."""
+    m = re.search(pattern, page, re.S)
+    assert m, page[:2000]
+    return m.group(group)
+
+
 def csrf_of(page: str) -> str:
     m = re.search(r'name="_csrf" value="([^"]+)"', page)
     assert m, page[:2000]

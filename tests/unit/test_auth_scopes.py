@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from litestar import Litestar, get
+from litestar.datastructures import State
 from litestar.testing import TestClient
 
 from daemon import auth
@@ -67,7 +68,7 @@ def test_every_route_of_the_daemon_declares_a_known_scope() -> None:
 def _app(enabled: bool, *handlers: Any) -> Litestar:
     return Litestar(route_handlers=list(handlers), guards=[auth.require_scope],
                     exception_handlers=EXCEPTION_HANDLERS, openapi_config=None,
-                    state={"auth": auth.TokenAuth(enabled=enabled)})
+                    state=State({"auth": auth.TokenAuth(enabled=enabled)}))
 
 
 @get("/undeclared", sync_to_thread=False)

@@ -125,9 +125,9 @@ def test_replacement_loads_only_after_the_killed_instance_drained() -> None:
     active_at: dict[str, float] = {}
     real_activate = sim.c.activate
 
-    def activate(instance_id: str) -> None:
+    def activate(instance_id: str, now: float | None = None) -> None:
         active_at[instance_id] = sim.now
-        real_activate(instance_id)
+        real_activate(instance_id, now)
 
     sim.c.activate = activate  # type: ignore[method-assign]
     real_event = sim.c._event
@@ -170,9 +170,9 @@ def test_an_instance_over_the_budget_waits_for_resources() -> None:
     dead_at: list[float] = []
     real_activate, real_event = sim.c.activate, sim.c._event
 
-    def activate(instance_id: str) -> None:
+    def activate(instance_id: str, now: float | None = None) -> None:
         active_at[instance_id] = sim.now
-        real_activate(instance_id)
+        real_activate(instance_id, now)
 
     def event(kind: str, **data: object) -> None:
         if kind == "instance.dead":

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -127,7 +128,7 @@ def test_none_changes_nothing_and_a_bad_mode_is_refused() -> None:
         load.wait()
 
 
-def _loop_watch_module():  # type: ignore[no-untyped-def]
+def _loop_watch_module() -> ModuleType:
     import importlib.util
 
     path = Path(__file__).resolve().parents[2] / "bench/daemon_probe/probe_loop_watch.py"

@@ -106,6 +106,12 @@ def test_missing_method_and_wrong_name() -> None:
     assert not report.ok and "name must be 'other'" in report.errors[0].message
 
 
+def test_a_missing_name_is_reported_as_missing() -> None:
+    report = check(GOOD.replace('    name = "canary"\n', ""))
+    found = " ".join(m for _, m in messages(report))
+    assert "leaves abstract: name" in found and "name must be 'canary', got None" in found
+
+
 def test_wrong_return_type_is_caught_by_the_dry_run() -> None:
     report = check(GOOD.replace("return []", "return None"))
     assert not report.ok and "must return a list of Decision" in report.errors[0].message
@@ -244,7 +250,7 @@ def test_a_second_policy_class_is_named_by_its_line(layer: str) -> None:
 def test_a_wrong_name_points_at_the_name_line(layer: str) -> None:
     name, source = SOUND[layer]
     [(line, message)] = messages(check_layer(layer, source, "elsewhere"))
-    assert "name must be 'elsewhere'" in message
+    assert "name must be 'elsewhere'" in message and line is not None
     assert source.splitlines()[line - 1].strip() == f'name = "{name}"'
 
 

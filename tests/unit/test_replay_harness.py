@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,8 +23,8 @@ def _specs(n: int = 12) -> list[ProgramSpec]:
     return synthetic_programs(n, seed=5, shape=SMALL)
 
 
-def _run(policy: str, kv: int = 12_000, **kw: object) -> tuple[Replay, dict[str, object]]:
-    cfg = ReplayConfig(kv_tokens=kv, concurrency=8, max_num_seqs=32, **kw)  # type: ignore[arg-type]
+def _run(policy: str, kv: int = 12_000, **kw: Any) -> tuple[Replay, dict[str, Any]]:
+    cfg = ReplayConfig(kv_tokens=kv, concurrency=8, max_num_seqs=32, **kw)
     replay = Replay(_specs(), cfg, make_kv_policy(policy))
     return replay, replay.run()
 
@@ -68,7 +69,7 @@ def test_requests_unserved_at_the_end_count_as_waiting_until_then() -> None:
     replay, row = _run("agentd", kv=6_000, duration_s=4.0)
     unserved = [r for r in replay.records.values() if r.first_token is None]
     assert unserved and row["unserved_requests"] == len(unserved)
-    waits: dict[str, float] = row["wait_s"]  # type: ignore[assignment]
+    waits: dict[str, float] = row["wait_s"]
     assert waits["max"] >= max(4.0 - r.arrival for r in unserved) - 1e-3
     assert waits["p50"] <= waits["p99"] <= waits["max"] <= 4.0
 
@@ -78,8 +79,8 @@ def test_slo_stack_runs_and_reports() -> None:
     replay = Replay(_specs(), cfg, make_kv_policy("vllm-default"), slo_stack("full"))
     row = replay.run()
     assert row["ordering"] == "full" and row["completed_steps"] == replay.records.__len__()
-    assert 0.0 <= float(row["slo_attainment"]) <= 1.0  # type: ignore[arg-type]
-    assert row["esg"] > 0  # type: ignore[operator]
+    assert 0.0 <= float(row["slo_attainment"]) <= 1.0
+    assert row["esg"] > 0
 
 
 def test_the_residency_estimate_is_scored_against_the_sims_cache() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from litestar import Litestar, get, post
+from litestar.datastructures import State
 from litestar.testing import AsyncTestClient
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -111,7 +112,7 @@ async def test_the_guard_keeps_a_run_token_on_its_own_run(
     token_auth.bind_run(run_token, RUN)
     app = Litestar(route_handlers=[release, things, state], guards=[auth.require_scope],
                    exception_handlers=EXCEPTION_HANDLERS, openapi_config=None,
-                   state={"auth": token_auth})
+                   state=State({"auth": token_auth}))
     as_run = {"Authorization": f"Bearer {run_secret}"}
     as_client = {"Authorization": f"Bearer {client_secret}"}
     async with AsyncTestClient(app) as client:

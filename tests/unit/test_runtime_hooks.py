@@ -34,6 +34,6 @@ def test_instances_start_are_killed_stop_and_die_with_their_run() -> None:
 def test_the_pin_hint_goes_to_the_instances_llm_program() -> None:
     assert instance_program("prog-1", "Keeper#0") == "prog-1.Keeper.0"
     assert instance_program("prog-1", "Keeper~2#3") == "prog-1.Keeper~2.3"
-    assert not_preemptable(Directives(preemptable=False))  # type: ignore[arg-type]
+    assert not_preemptable(Directives(preemptable=False))
     assert not not_preemptable(Directives())  # undeclared: no hint
     assert not not_preemptable(Directives(preemptable="stop"))

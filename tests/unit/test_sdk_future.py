@@ -120,14 +120,21 @@ def test_wait_all_and_first(rt: LocalRuntime) -> None:
 
 
 def test_stateful_agent_keeps_one_instance_in_order(rt: LocalRuntime) -> None:
-    c: Any = Counter()  # type checkers see the plain class; at run time it is a stub
+    c = Counter()
     futures = [agentd.as_future(c.push(i)) for i in range(6)]
     assert futures[-1].value(timeout=5) == list(range(6))
-    assert c.instances == 1 and {f.executor for f in futures} == {"Counter#0"}
+    assert agentd.as_stub(c).instances == 1 and {f.executor for f in futures} == {"Counter#0"}
+
+
+def test_as_stub_gives_a_decorated_class_stub_and_refuses_anything_else(
+        rt: LocalRuntime) -> None:
+    assert agentd.as_stub(Sleeper()).instances == 1  # registers the agent: min_instances
+    with pytest.raises(TypeError, match="expected an agentd agent stub, got str"):
+        agentd.as_stub("Sleeper")
 
 
 def test_max_instances_runs_in_parallel_up_to_the_limit(rt: LocalRuntime) -> None:
-    s: Any = Sleeper()
+    s = agentd.as_stub(Sleeper())
     t0 = time.monotonic()
     futures = [s.nap(0.3) for _ in range(3)]
     agentd.wait(futures, timeout=5)

@@ -38,9 +38,9 @@ class Parked:
 
 def _full(rt: agentd.runtime.LocalRuntime) -> Keeper:
     keeper = Keeper()
-    assert keeper.instances == 1
+    assert agentd.as_stub(keeper).instances == 1
     assert rt.control.apply([{"kind": "Provision", "agent_type": "Keeper"}])[0].ok
-    assert keeper.instances == 2  # 800 of 1024 MiB: no room for a Parked (300)
+    assert agentd.as_stub(keeper).instances == 2  # 800 of 1024 MiB: no room for a Parked
     return keeper
 
 
@@ -51,21 +51,21 @@ def test_a_waiting_call_whose_dependency_fails_fails_at_once() -> None:
         after = Parked().ping(parked)  # behind it, for it
         t0 = time.perf_counter()
         with pytest.raises(DependencyError, match=r"did not run: its dependency .* failed"):
-            parked.value(timeout=10)
+            agentd.as_future(parked).value(timeout=10)
         with pytest.raises(DependencyError):
-            after.value(timeout=10)
+            agentd.as_future(after).value(timeout=10)
         assert time.perf_counter() - t0 < 5
         assert not rt.control.cluster.waiting()
     failed = [e for e in rt.events if e["event"] == "future.dependency_failed"]
-    assert [(e["id"], e["dependency"]) for e in failed] == [(parked.id, bad.id),
-                                                            (after.id, parked.id)]
+    ids = [agentd.as_future(f).id for f in (bad, parked, after)]
+    assert [(e["id"], e["dependency"]) for e in failed] == [(ids[1], ids[0]), (ids[2], ids[1])]
     assert not [e for e in rt.events if e["event"] == "future.wait_expired"]
 
 
 def test_the_daemon_policy_sees_a_waiting_call_and_makes_room_for_it() -> None:
     with agentd.local_runtime(capacity=CAP, resource_wait_s=WAIT_S) as rt:
         _full(rt)
-        parked = Parked().ping(1)
+        parked = agentd.as_future(Parked().ping(1))
         wire = msgspec.convert(rt.control.snapshot(), WireView)
         [f] = [f for f in wire.futures if f.agent_type == "Parked"]
         assert f.executor is None and f.status == "queued"

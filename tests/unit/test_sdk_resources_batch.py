@@ -57,10 +57,12 @@ def test_an_agent_that_cannot_fit_at_all_fails_its_first_call() -> None:
 def test_start_up_and_calls_are_held_to_the_capacity() -> None:
     with agentd.local_runtime(capacity=CAP, resource_wait_s=0.5) as rt:
         twin = Twin()
-        assert twin.instances == 2  # the third of min_instances does not fit: 1200 > 1024
+        # the third of min_instances does not fit: 1200 > 1024
+        assert agentd.as_stub(twin).instances == 2
         assert str(twin.ping()) == "pong"
         t0 = time.perf_counter()
-        late = Late().ping()  # fits the run, not beside the twins: waits, then fails
+        # fits the run, not beside the twins: waits, then fails
+        late = agentd.as_future(Late().ping())
         with pytest.raises(ResourceError) as caught:
             late.value(timeout=10)
         waited = time.perf_counter() - t0
@@ -91,20 +93,21 @@ class Waiter:
 
 def test_a_waiting_call_runs_when_a_kill_makes_room_and_its_consumer_follows() -> None:
     with agentd.local_runtime(capacity=CAP, resource_wait_s=30) as rt:
-        holder = Holder()
+        holder = agentd.as_stub(Holder())
         assert holder.instances == 1  # registers the type
         assert rt.control.apply([{"kind": "Provision", "agent_type": "Holder"}])[0].ok
         assert holder.instances == 2  # 800 of 1024 MiB reserved
         first = Waiter().ping(1)  # waits: 224 MiB free
         second = Waiter().ping(first)  # depends on the waiting call: waits behind it
         time.sleep(0.3)
-        assert not first.available() and not second.available()
+        assert not agentd.as_future(first).available()
+        assert not agentd.as_future(second).available()
         t0 = time.perf_counter()
         applied = rt.control.apply([{"kind": "Kill", "instance_id": "Holder#1"}])
         assert applied[0].ok, applied
-        assert int(second.value(timeout=10)) == 3
+        assert int(agentd.as_future(second).value(timeout=10)) == 3
         assert time.perf_counter() - t0 < 2
-        assert Waiter().instances == 1
+        assert agentd.as_stub(Waiter()).instances == 1
     placed = [e for e in rt.events if e["event"] == "future.placed"
               and e["agent_type"] == "Waiter"]
     assert [e["instance"] for e in placed] == ["Waiter#0", "Waiter#0"]
@@ -124,8 +127,8 @@ def test_the_wait_comes_from_the_environment() -> None:
 
 def test_without_a_wait_a_call_without_room_fails_at_once() -> None:
     with agentd.local_runtime(capacity=CAP, resource_wait_s=0) as rt:
-        assert Twin().instances == 2
-        late = Late().ping()
+        assert agentd.as_stub(Twin()).instances == 2
+        late = agentd.as_future(Late().ping())
         with pytest.raises(NoCapacity, match="no live instance of Late"):
             late.value(timeout=5)
     assert not [e for e in rt.events if e["event"] == "future.waiting"]
@@ -168,7 +171,7 @@ def test_a_batchable_instance_runs_its_queued_calls_at_once() -> None:
     with agentd.local_runtime():
         batched_s, batched = _timed(Batched)
         serial_s, serial = _timed(Serial)
-        assert Batched().instances == 1 and Serial().instances == 1
+        assert agentd.as_stub(Batched()).instances == agentd.as_stub(Serial()).instances == 1
     assert [i for i, _ in batched] == [i for i, _ in serial] == list(range(N))
     assert serial_s >= N * DELAY
     assert batched_s < 3 * DELAY, (batched_s, serial_s)  # about one call's time

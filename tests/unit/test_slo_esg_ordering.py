@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from scheduling.ordering import EsgDensity, Sjf, TwoLane, default_registry, esg_density
+from scheduling.ordering import (
+    EsgDensity,
+    OrderingPolicy,
+    Sjf,
+    TwoLane,
+    default_registry,
+    esg_density,
+)
 from scheduling.prediction import QueuedRequest
 from scheduling.slo_metrics import CompletionRecord, base_value, service_gain
 from scheduling.slo_templates import Slo, TaskType
@@ -18,7 +25,7 @@ def req(rid: str, arrival: float = 0.0, l_pred: int = 100, slo_ttft: float = 5.0
                          l_pred=l_pred, l_upper=2 * l_pred, ttft_pred_s=0.1, tpot_pred_s=0.01)
 
 
-def ids(policy: EsgDensity | TwoLane | Sjf, now: float) -> list[str]:
+def ids(policy: OrderingPolicy, now: float) -> list[str]:
     return [policy.pop(now).request_id for _ in range(len(policy))]
 
 

@@ -33,10 +33,11 @@ def meta() -> LlmMeta:
 
 def test_before_its_first_decision_there_is_nothing_to_ask() -> None:
     m = meta()
-    assert m.prompt() is None and m.outcome is None
+    assert (m.prompt(), m.outcome) == (None, None)
     decision = m.choose(UNFAIR, 0.0)
     assert decision.policy_name == "wfq"  # the rule map's answer to unfair tenants
-    assert (m.outcome.kind, m.outcome.detail) == ("pending", "no reply")  # type: ignore[union-attr]
+    outcome = m.outcome
+    assert outcome is not None and (outcome.kind, outcome.detail) == ("pending", "no reply")
     prompt = m.prompt()
     assert prompt is not None and '"fairness": 0.5' in prompt and "wfq" in prompt
 

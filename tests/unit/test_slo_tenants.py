@@ -167,7 +167,7 @@ async def test_session_tenants_are_written_through_the_batched_writer(
         tenants.created("s-late", "late")  # its insert already went out: an update
         await writer.flush()
         async with sessions() as s:
-            stored = {sid: (await s.get(models.Session, sid)).tenant  # type: ignore[union-attr]
+            stored = {sid: (await s.get(models.Session, sid)).tenant
                       for sid in ("s-new", "s-once", "s-late")}
         assert stored == {"s-new": "gold", "s-once": "acme", "s-late": "late"}
         assert await tenants.of("s-new") == "gold"
