@@ -7,11 +7,11 @@ from the daemon's REST API, not from the TUI's own state.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import html
 import json
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from console.tui.widgets.sessions_table import SessionsTable
 from console.tui.widgets.tools_table import ToolsTable
 from console.tui.widgets.trace_timeline import TraceTimeline
 from tests.daemon_process import DaemonProcess
+from tests.waiting import wait_for
 from tools.base import Owner
 from tools.process_backend import ProcessBackend
 from tools.spec import parse_spec
@@ -372,17 +373,16 @@ async def test_migrate_a_runs_calls_to_an_agent_instance(daemon: DaemonProcess) 
             "main.py": HOL_SRC}, "entry": "main:main"})
         assert r.status_code == 201, r.text
         run = daemon.post("/v1/runs", json={"workflow": "tui-hol", "session_id": "inst-s"}).json()
-        deadline = time.time() + 20
-        while not daemon.get(f"/v1/runs/{run['id']}/control").json()["reported"]:
-            assert time.time() < deadline, "the sandbox never reported its view"
-            time.sleep(0.1)
+        # waits in a thread: the checks are blocking HTTP calls
+        await asyncio.to_thread(
+            wait_for, lambda: daemon.get(f"/v1/runs/{run['id']}/control").json()["reported"],
+            20, "the sandbox to report its view")
         route = {"kind": "WeightedRoute", "agent_type": "Worker", "instances": ["Worker#0"],
                  "weights": [1.0], "reason": "test: every call to one instance"}
         r = daemon.post(f"/v1/runs/{run['id']}/control/decisions", json={"decisions": [route]})
         assert r.status_code == 200 and r.json()["results"][0]["ok"], r.text
-        while queued_on(daemon, run["id"], "Worker#0") < 3:
-            assert time.time() < deadline + 10, "the calls never queued on Worker#0"
-            time.sleep(0.1)
+        await asyncio.to_thread(wait_for, lambda: queued_on(daemon, run["id"], "Worker#0") >= 3,
+                                30, "the calls to queue on Worker#0")
 
         app = tui(daemon)
         async with app.run_test(size=SIZE) as pilot:
@@ -416,10 +416,7 @@ async def test_migrate_a_runs_calls_to_an_agent_instance(daemon: DaemonProcess) 
             assert any(s.kind == "decision" and s.name == "control Migrate"
                        for s in timeline.spans)
 
-        while (final := daemon.get(f"/v1/runs/{run['id']}").json())["status"] not in (
-                "finished", "failed", "cancelled"):
-            assert time.time() < deadline + 40, final
-            time.sleep(0.2)
+        final = await asyncio.to_thread(daemon.run_ended, run["id"], 60)
         assert final["status"] == "finished" and final["result"] == list(range(8)), final
     finally:
         control_policy(daemon, "nalar-default")
@@ -485,8 +482,9 @@ class Canary(StickyPolicy):
 
 
 async def test_policy_edit_validate_activate_rollback(daemon: DaemonProcess) -> None:
-    r = httpx.put(f"{daemon.url}/v1/policies/canary", headers=daemon.auth_headers(),
-                  json={"layer": "kv", "source": CANARY}, timeout=30)
+    r = await asyncio.to_thread(httpx.put, f"{daemon.url}/v1/policies/canary",
+                                headers=daemon.auth_headers(),
+                                json={"layer": "kv", "source": CANARY}, timeout=30)
     assert r.status_code == 201 and r.json()["validation"]["ok"], r.text
     app = tui(daemon)
     before = [p for p in policies(daemon).values() if p["active"]]
