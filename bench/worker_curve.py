@@ -37,6 +37,11 @@ def _worker(endpoint: str, encrypted: bool, deltas: int, trips: int) -> None:
     if encrypted:
         worker_curve.make_client(sock, KEY)
     sock.connect(endpoint)
+    # Registered first: the broker passes on only what a registered connection sends.
+    sock.send(protocol.encode(protocol.Register(
+        worker_id="", engine="sim", model="bench", kv_capacity_tokens=1, block_size=16,
+        max_batch=1, schema_hash=protocol.SCHEMA_HASH)))
+    protocol.decode_from_daemon(sock.recv())
     delta = protocol.encode(protocol.TokenDelta(request_id="r-1", text=" tok", num_tokens=1))
     for _ in range(deltas):
         sock.send(delta)
@@ -59,6 +64,9 @@ async def _one(transport: str, encrypted: bool, deltas: int, trips: int, tmp: Pa
 
     def on_message(identity: bytes, msg: protocol.WorkerMessage) -> None:
         nonlocal count, first, last
+        if isinstance(msg, protocol.Register):
+            broker.send(identity, protocol.RegisterAck(accepted=True))
+            return
         if not stream_done.is_set():
             if isinstance(msg, protocol.Finish):
                 last = time.perf_counter()

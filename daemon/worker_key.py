@@ -41,8 +41,9 @@ def default_key_path(env: Mapping[str, str] | None = None) -> Path:
 
 
 def ensure_worker_key(config_dir: Path) -> str:
-    """The daemon's key, created on first start; kept across restarts so that workers
-    that outlive a crashed daemon register again with the key they hold."""
+    """The daemon's key, created on first start; kept across restarts so that remote
+    workers that outlive a crashed daemon register again with the key they hold (local
+    ones die with it: daemon/local_workers.py)."""
     # Imported here: daemon.auth imports the API layer, which imports the core, which
     # imports this module.
     from daemon.auth import write_token_file

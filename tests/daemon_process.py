@@ -131,7 +131,8 @@ class DaemonProcess:
             self._reap_group()
 
     def kill(self) -> None:
-        """SIGKILL the daemon only, like a crash; its workers stay until reaped."""
+        """SIGKILL the daemon only, like a crash; its local workers exit on their own (the
+        parent-death signal), anything else it started stays until reaped."""
         assert self.proc is not None
         self.proc.kill()
         self.proc.wait(5)

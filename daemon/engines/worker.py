@@ -3,7 +3,9 @@
 It registers, answers submits by streaming the engine's deltas back, aborts on
 request, and sends a heartbeat with the engine's stats on the interval the
 daemon asked for. If the daemon goes away the worker keeps retrying to
-register, so a restarted daemon gets its workers back without operator action.
+register, so a restarted daemon gets its workers back without operator action;
+a worker the daemon's supervisor started dies with that daemon instead
+(daemon/local_workers.py).
 On a network endpoint the socket is a CurveZMQ client of a server key derived from the
 worker key (daemon/worker_curve.py); a daemon that fails the handshake (it holds another key,
 or does not encrypt) ends the worker with one line, as a refused registration does.
@@ -12,6 +14,7 @@ or does not encrypt) ends the worker with one line, as a refused registration do
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -23,6 +26,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from daemon import protocol, worker_curve
 from daemon.engines.base import Engine
+from daemon.local_workers import die_with_daemon
 from daemon.protocol import Abort, Finish, RegisterAck, Shutdown, Submit
 
 log = logging.getLogger("agentd.worker")
@@ -51,13 +55,14 @@ class WorkerRuntime:
         self._last_contact = 0.0
 
     async def run(self) -> None:
+        die_with_daemon()  # before the engine loads: that can take a while
         await self.engine.start()
         try:
             while not self._stopping.is_set():
                 if await self._register():
                     await self._serve()
                 else:
-                    await asyncio.sleep(1.0)
+                    await self._pause(1.0)
         finally:
             for task in self._tasks.values():
                 task.cancel()
@@ -67,6 +72,11 @@ class WorkerRuntime:
 
     def stop(self) -> None:
         self._stopping.set()
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, unless stopped meanwhile."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
 
     def _close_socket(self) -> None:
         if self._sock is None:
@@ -121,11 +131,13 @@ class WorkerRuntime:
             pid=os.getpid(),
             host=socket.gethostname(),
             key=self.key,
+            tools=self.engine.tools,
         )
         await sock.send(protocol.encode(reg))
         msg = await self._await_ack(sock)
         if msg is None:
-            log.warning("no answer from daemon at %s; retrying", self.connect)
+            if not self._stopping.is_set():
+                log.warning("no answer from daemon at %s; retrying", self.connect)
             return False
         if not msg.accepted:
             raise SystemExit(f"agentd worker: the daemon refused registration: {msg.message}")
@@ -137,6 +149,8 @@ class WorkerRuntime:
         """The daemon's answer; anything else before it is meant for a previous session."""
         deadline = asyncio.get_running_loop().time() + REGISTER_TIMEOUT_S
         while (left := deadline - asyncio.get_running_loop().time()) > 0:
+            if self._stopping.is_set():  # stopped while no daemon answers: do not wait
+                return None
             await self._check_handshake()
             # Short polls: a failed handshake shows on the monitor, not on the socket.
             if not await sock.poll(min(left, 0.2) * 1000):

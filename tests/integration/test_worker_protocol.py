@@ -1,6 +1,6 @@
 """The engine protocol at the socket: registration checks (schema, worker key), malformed
-frames, and workers that misbehave while registered (slow, stuck, forging, lying,
-oversized)."""
+frames, peers that claim a registered worker's routing id, and workers that misbehave
+while registered (slow, stuck, forging, lying, oversized)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import zmq
 
 from daemon import protocol
 from tests.daemon_process import DaemonProcess
+from tests.waiting import wait_for
 from tests.worker_socket import (
     MODEL,
     chat,
@@ -144,6 +145,85 @@ class FakeWorker:
         self._stop.set()
         self._thread.join(5)
         self.sock.close()
+
+
+# --- peers that claim a registered worker's routing id ------------------------------------
+
+STATS = protocol.WorkerStats(kv_capacity_tokens=10_000_000, kv_used_tokens=0, running=0,
+                             waiting=0)
+
+
+def _statuses(d: DaemonProcess) -> dict[str, str]:
+    return {w["id"]: w["status"] for w in d.get("/v1/workers").json()["data"]}
+
+
+def test_a_peer_claiming_a_live_workers_routing_id_cannot_remove_it(
+        sim_daemon: DaemonProcess) -> None:
+    """Issue 21, defect 6: a keyless DEALER with the routing id `local-sim-0` sent one junk
+    frame; the socket handed the id over to it, the real worker's heartbeats stopped
+    arriving, and the worker went unhealthy, then gone. Now the newcomer is refused the
+    id: the worker stays healthy for three heartbeat timeouts and serves throughout, and
+    the spoofer is sent nothing."""
+    d = sim_daemon
+    spoofer = dealer(d, "local-sim-0")
+    try:
+        spoofer.send(b"\xff junk")
+        spoofer.send(protocol.encode(protocol.Heartbeat(worker_id="local-sim-0", stats=STATS)))
+        until = time.monotonic() + 3 * 1.5
+        while time.monotonic() < until:
+            assert _statuses(d) == {"local-sim-0": "healthy"}
+            assert serves(d)
+        assert not spoofer.poll(0), "the spoofer was sent something"
+    finally:
+        spoofer.close()
+
+
+def test_frames_claiming_an_absent_workers_routing_id_are_dropped_and_counted(
+        sim_daemon: DaemonProcess) -> None:
+    """Once a registered worker's connection is gone, anyone may take its routing id; that
+    peer's frames are still not the worker's: its heartbeats do not revive the worker,
+    they are dropped, counted and answered "register again", and it gets no prompt."""
+    d = sim_daemon
+    FakeWorker(d, "away-0").close()
+    wait_for(lambda: _statuses(d)["away-0"] == "unhealthy", 10, "the closed worker's silence")
+    spoofer = dealer(d, "away-0")
+    try:
+        spoofer.send(b"\xff junk")
+        until = time.monotonic() + 2 * 1.5  # beats for two heartbeat timeouts
+        while time.monotonic() < until:
+            spoofer.send(protocol.encode(protocol.Heartbeat(worker_id="away-0", stats=STATS)))
+            assert _statuses(d)["away-0"] in ("unhealthy", "gone")
+            assert serves(d)
+        beats = wait_for(lambda: metric(d, "agentd_worker_frames_dropped_total",
+                                        reason="unregistered"), 5, "the beats counted")
+        assert beats >= 5
+        assert metric(d, "agentd_worker_frames_dropped_total", reason="malformed") == 1
+        answers = []
+        while spoofer.poll(500):
+            answers.append(protocol.decode_from_daemon(spoofer.recv()))
+        assert answers and all(a == protocol.RegisterAck(
+            accepted=False, message="unknown worker: register again") for a in answers)
+    finally:
+        spoofer.close()
+
+
+def test_a_flood_of_junk_frames_is_counted_not_logged_frame_by_frame(
+        sim_daemon: DaemonProcess) -> None:
+    """Issue 21, defect 10: 1,400 malformed frames wrote 1,380 warning lines. They are all
+    counted, and logged at most once a minute."""
+    d = sim_daemon
+    sock = dealer(d, "junk-flood")
+    try:
+        for n in range(1400):
+            sock.send(b"\xc1 not msgpack %d" % n)
+        wait_for(lambda: metric(d, "agentd_worker_frames_dropped_total",
+                                reason="malformed") == 1400, 30, "1,400 frames counted")
+    finally:
+        sock.close()
+    assert d.log_path is not None
+    lines = [line for line in d.log_path.read_text().splitlines() if "junk-flood" in line]
+    assert len(lines) == 1, lines[:5]
+    assert serves(d)
 
 
 # --- the worker key -----------------------------------------------------------------------
