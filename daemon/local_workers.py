@@ -139,6 +139,7 @@ async def _stop(workers: list[LocalWorker], sig: int, wait_s: float) -> list[Loc
         with contextlib.suppress(ProcessLookupError):  # it exited since the check
             os.kill(worker.pid, sig)
     deadline = time.monotonic() + wait_s
-    while (running := list(filter(is_running, workers))) and time.monotonic() < deadline:
+    # Other processes' exits, not ours to be told of: polled.
+    while (running := list(filter(is_running, workers))) and time.monotonic() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.05)
     return running

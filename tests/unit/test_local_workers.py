@@ -3,6 +3,7 @@ on real processes."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -60,16 +61,17 @@ async def test_a_pid_that_is_another_process_now_is_never_signalled(
         tmp_path: Path, worker: subprocess.Popen[bytes]) -> None:
     """Same pid, another start time: the kernel reused the pid. Same start time but not a
     worker's command line, or another worker id: not the recorded worker either."""
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = await asyncio.create_subprocess_exec(sys.executable, "-c",
+                                                 "import time; time.sleep(60)")
     try:
         path = tmp_path / "local-workers.json"
         write_record(path, [_record(worker.pid, start_shift=-1), _record(other.pid),
                             _record(worker.pid, worker_id="local-sim-1")])
         assert await reap_stale(path, lambda *a, **k: None) == []
-        assert worker.poll() is None and other.poll() is None
+        assert worker.poll() is None and other.returncode is None
     finally:
         other.kill()
-        other.wait(5)
+        await other.wait()
 
 
 def test_an_unreadable_record_is_ignored(tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ import asyncio
 import logging
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -41,6 +40,7 @@ class Peers:
 
     def __init__(self, tmp: Path) -> None:
         self.passed: list[tuple[bytes, protocol.WorkerMessage]] = []
+        self._arrived = asyncio.Event()
         self.broker = Broker(f"ipc://{tmp / 'w.sock'}", self._on_message)
         self._ctx = zmq.asyncio.Context()
 
@@ -49,6 +49,7 @@ class Peers:
             self.broker.send(identity, protocol.RegisterAck(accepted=True))
         else:
             self.passed.append((identity, msg))
+            self._arrived.set()
 
     def dealer(self, identity: bytes) -> zmq.asyncio.Socket:
         sock = self._ctx.socket(zmq.DEALER)
@@ -66,7 +67,8 @@ class Peers:
     async def passed_from(self, identity: bytes, n: int) -> None:
         async with asyncio.timeout(5):
             while sum(i == identity for i, _ in self.passed) < n:
-                await asyncio.sleep(0.01)
+                self._arrived.clear()
+                await self._arrived.wait()
 
 
 async def answer(sock: zmq.asyncio.Socket) -> protocol.DaemonMessage:
@@ -152,17 +154,18 @@ async def test_the_id_of_a_connection_that_went_dead_is_freed(
     monkeypatch.setattr(broker_module, "PEER_PING_S", 0.2)
     monkeypatch.setattr(broker_module, "PEER_TIMEOUT_S", 1.0)
     async with peers(tmp_path) as p:
-        frozen = subprocess.Popen([sys.executable, "-c", FROZEN_WORKER, p.broker.endpoint],
-                                  stdout=subprocess.PIPE, text=True)
+        frozen = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", FROZEN_WORKER, p.broker.endpoint,
+            stdout=asyncio.subprocess.PIPE)
         try:
             assert frozen.stdout is not None
-            assert await asyncio.to_thread(frozen.stdout.readline) == "registered\n"
+            assert await frozen.stdout.readline() == b"registered\n"
             os.kill(frozen.pid, signal.SIGSTOP)  # its socket stays open, and silent
             await asyncio.sleep(2.0)
             await p.registered(b"w-0")
         finally:
             frozen.kill()
-            frozen.wait(5)
+            await frozen.wait()
 
 
 def test_dropped_frames_are_all_counted_and_logged_once_a_minute(
