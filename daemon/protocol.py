@@ -140,8 +140,9 @@ def _schema_hash() -> str:
 SCHEMA_HASH = _schema_hash()
 
 _encoder = msgspec.msgpack.Encoder()
-_worker_decoder = msgspec.msgpack.Decoder(WorkerMessage)
-_daemon_decoder = msgspec.msgpack.Decoder(DaemonMessage)
+# Annotated: msgspec's stubs type a Decoder of a union as Decoder[Any].
+_worker_decoder: msgspec.msgpack.Decoder[WorkerMessage] = msgspec.msgpack.Decoder(WorkerMessage)
+_daemon_decoder: msgspec.msgpack.Decoder[DaemonMessage] = msgspec.msgpack.Decoder(DaemonMessage)
 
 
 class ProtocolError(ValueError):

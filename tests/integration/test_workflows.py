@@ -278,7 +278,10 @@ def test_global_controller_migrates_head_of_line_calls(d: DaemonProcess) -> None
         httpx.put(f"{d.url}/v1/control/policy", json={"name": "nalar-default"},
                   headers=d.auth_headers(), timeout=10)
     events = trace_kinds(d, "s-hol")
-    of = lambda kind: [e["data"] for e in events if e["kind"] == kind]  # noqa: E731
+
+    def of(kind: str) -> list[dict[str, Any]]:
+        return [e["data"] for e in events if e["kind"] == kind]
+
     applied = [e for e in of("control.applied") if e["decision"] == "WeightedRoute"]
     assert applied and applied[0]["ok"]
     placed = {e["id"]: e for e in of("future.placed")}
