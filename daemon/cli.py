@@ -97,11 +97,16 @@ def build_engine(args: argparse.Namespace) -> Any:
     from daemon.engines.vllm.engine import VllmEngine
     from daemon.models.smollm2 import DEFAULT_SMOLLM2_DIR
 
-    return VllmEngine(
-        model_dir=args.model or str(DEFAULT_SMOLLM2_DIR), kv_cache_bytes=args.kv_cache_bytes,
-        block_size=args.block_size or 128, max_model_len=args.max_model_len, dtype=args.dtype,
-        enforce_eager=not args.no_enforce_eager, max_num_seqs=args.max_batch,
-    )
+    try:
+        return VllmEngine(
+            model_dir=args.model or str(DEFAULT_SMOLLM2_DIR), kv_cache_bytes=args.kv_cache_bytes,
+            block_size=args.block_size or 128, max_model_len=args.max_model_len,
+            dtype=args.dtype, enforce_eager=not args.no_enforce_eager,
+            max_num_seqs=args.max_batch, tool_call_parser=args.tool_call_parser,
+            chat_template=args.chat_template,
+        )
+    except ValueError as exc:  # a setting that cannot work: one line, not a traceback
+        raise CliError(str(exc)) from exc
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -177,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--dtype", default="float32",
                    help="vllm (float32: vLLM's CPU bf16 kernels flip SmolLM2's greedy answers)")
     w.add_argument("--no-enforce-eager", action="store_true", help="vllm: allow compiled mode")
+    w.add_argument("--tool-call-parser", default="",
+                   help="vllm: vLLM's parser of tool calls in replies (e.g. hermes); none: "
+                   "tool_choice 'auto' is refused")
+    w.add_argument("--chat-template", default="",
+                   help="vllm: a chat template file, or 'chatml-tools' (ChatML with Hermes "
+                   "tool calls); default: the model's own")
     w.add_argument("--log-level", default="info")
     w.set_defaults(func=cmd_worker)
 

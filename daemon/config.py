@@ -66,6 +66,12 @@ class Config:
     vllm_dtype: str = "float32"
     vllm_block_size: int = 128  # a multiple of 32 on CPU
     vllm_cuda_graphs: bool = False  # GPU only: capture CUDA graphs instead of eager mode
+    # Tool calling on vLLM workers (daemon/engines/vllm/tools.py): the parser that finds
+    # calls in a reply ("" = none: tool_choice "auto" is refused), e.g. hermes; and the chat
+    # template ("" = the model's own; a file, or "chatml-tools": ChatML with Hermes-format
+    # calls, for SmolLM2, whose own template drops tools).
+    vllm_tool_call_parser: str = ""
+    vllm_chat_template: str = ""
     auth: bool = True  # false only on a loopback host
     config_dir: str = ""  # holds the first-start operator token; empty = XDG config dir
     max_prompt_chars: int = 1_000_000  # 0 = no limit
@@ -185,6 +191,12 @@ def validate(cfg: Config) -> None:
         raise ConfigError(problem)
     if not cfg.kv_force_resume_s > 0:
         raise ConfigError(f"kv_force_resume_s must be > 0, got {cfg.kv_force_resume_s!r}")
+    from daemon.engines.vllm.tools import BUNDLED_TEMPLATES
+
+    template = cfg.vllm_chat_template
+    if template and template not in BUNDLED_TEMPLATES and not Path(template).is_file():
+        raise ConfigError(f"vllm_chat_template {template!r} is not a file nor one of "
+                          f"{', '.join(BUNDLED_TEMPLATES)}")
     if cfg.log_format not in ("plain", "json"):
         raise ConfigError(f"log_format must be 'plain' or 'json', got {cfg.log_format!r}")
     if cfg.heartbeat_timeout_s <= cfg.heartbeat_interval_s:

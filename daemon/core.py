@@ -266,6 +266,7 @@ class Core:
         prompt: str | None = None,
         messages: list[protocol.ChatMessage] | None = None,
         priority: int = 0,
+        tools: protocol.Tools | None = None,
     ) -> RequestState:
         if not self._accepting:
             raise CoreError("the daemon is shutting down", status=503, code="unavailable")
@@ -279,7 +280,7 @@ class Core:
         req = RequestState(
             id=new_id("req"), program_id=program.id, session_id=program.session_id, kind=kind,
             model=model, sampling=sampling, queued_at=now, prompt=prompt, messages=messages,
-            priority=priority,
+            priority=priority, tools=tools,
         )
         self.requests[req.id] = req
         program.active_request = req.id
@@ -460,7 +461,7 @@ class Core:
             return protocol.encode(protocol.Submit(
                 request_id=req.id, program_id=req.program_id, prompt=req.prompt,
                 messages=req.messages, continuation=req.text_so_far, sampling=sampling,
-                priority=req.priority,
+                priority=req.priority, tools=req.tools,
             ))
         except protocol.EncodeError as exc:
             log.warning("request %s of program %s cannot be sent: %s", req.id,
@@ -527,7 +528,7 @@ class Core:
             id=msg.worker_id, identity=identity, engine=msg.engine, model=msg.model,
             kv_capacity_tokens=msg.kv_capacity_tokens, block_size=msg.block_size,
             max_batch=msg.max_batch, pid=msg.pid, host=msg.host, registered_at=now,
-            last_seen=now,
+            last_seen=now, tools=msg.tools,
         )
         self.workers[worker.id] = worker
         self.watch.registered(worker.id, now)
@@ -582,7 +583,8 @@ class Core:
             self.kv.request_hit(req)
         req.output_tokens += msg.num_tokens
         req.generated.append(msg.text)
-        req.stream.put_nowait(StreamItem(text=msg.text, num_tokens=msg.num_tokens))
+        req.stream.put_nowait(StreamItem(text=msg.text, num_tokens=msg.num_tokens,
+                                         message=msg.message, logprobs=msg.logprobs))
 
     def _on_finish(self, worker: WorkerState, msg: protocol.Finish) -> None:
         worker.inflight.discard(msg.request_id)
@@ -607,6 +609,7 @@ class Core:
                 request_id=req.id, reason=msg.reason, prompt_tokens=req.prompt_tokens,
                 cached_tokens=req.cached_tokens, output_tokens=req.output_tokens,
                 ttft_s=(req.first_token_at - req.queued_at) if req.first_token_at else None,
+                reply=msg.reply,
             )
             status = RequestStatus.ABORTED if msg.reason == "abort" else RequestStatus.FINISHED
             self._end_request(req, status, msg.reason, finish=final)

@@ -15,7 +15,8 @@ import json
 import msgspec
 
 # 2: Register carries the worker key.
-PROTOCOL_VERSION = 2
+# 3: tool calling (tools and tool-call messages in, parsed replies out) and logprobs.
+PROTOCOL_VERSION = 3
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -27,11 +28,82 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     seed: int | None = None
     # A JSON schema the output must follow, where the engine supports it.
     json_schema: str | None = None  # JSON text of the schema
+    # Log probabilities of each output token and of this many likeliest alternatives
+    # (0: the token's own only); None: none.
+    logprobs: int | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+
+
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    """One function call of an assistant turn, as OpenAI's chat API spells it."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text of the arguments object
 
 
 class ChatMessage(msgspec.Struct, frozen=True):
     role: str
     content: str
+    # An assistant turn's calls; a `tool` turn's answer names the call it answers.
+    tool_calls: list[ToolCall] = []
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class Tools(msgspec.Struct, frozen=True, kw_only=True):
+    """A chat request's function tools and how the model may call them. The engine
+    renders them through the chat template and parses the reply into calls."""
+
+    functions: str  # JSON text of OpenAI's `tools` array ({"type": "function", ...} items)
+    choice: str = "auto"  # "none" | "auto" | "required" | "function": the one named below
+    function: str | None = None
+    parallel: bool = True
+
+
+class ToolSupport(msgspec.Struct, frozen=True, kw_only=True):
+    """What a worker's engine can do with tools."""
+
+    # The parser that finds calls in free text (tool_choice "auto"); "" = none.
+    parser: str = ""
+    # Whether the chat template renders tools, calls and their results (else it drops them).
+    template: bool = False
+
+
+class ToolCallDelta(msgspec.Struct, frozen=True, kw_only=True):
+    """A piece of a streamed call: the first piece of call `index` has its id and name."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+class MessageDelta(msgspec.Struct, frozen=True, kw_only=True):
+    """The parsed view of a delta of a request with tools: the part of it that is content
+    (a parser holds back text that may start a call) and the call pieces it completes."""
+
+    content: str = ""
+    tool_calls: list[ToolCallDelta] = []
+
+
+class Reply(msgspec.Struct, frozen=True, kw_only=True):
+    """A whole reply parsed into content and calls (requests with tools only)."""
+
+    content: str | None = None
+    tool_calls: list[ToolCall] = []
+
+
+class TopLogprob(msgspec.Struct, frozen=True):
+    token: str
+    logprob: float
+
+
+class TokenLogprob(msgspec.Struct, frozen=True, kw_only=True):
+    token: str
+    logprob: float
+    top: list[TopLogprob] = []  # the likeliest tokens at this position, likeliest first
 
 
 class WorkerStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,6 +135,7 @@ class Register(msgspec.Struct, frozen=True, tag="register", kw_only=True):
     # The daemon's worker key (daemon/worker_key.py): whoever can reach the socket but
     # cannot read the key file is refused and never sees a prompt.
     key: str = ""
+    tools: ToolSupport = ToolSupport()
 
 
 class Heartbeat(msgspec.Struct, frozen=True, tag="heartbeat", kw_only=True):
@@ -77,6 +150,9 @@ class TokenDelta(msgspec.Struct, frozen=True, tag="delta", kw_only=True):
     # Present on the first delta of a request: prompt size as the engine counted it.
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    # Requests with tools: what of `text` is content and which call pieces it completes.
+    message: MessageDelta | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token, when sampling asked
 
 
 class Finish(msgspec.Struct, frozen=True, tag="finish", kw_only=True):
@@ -87,6 +163,8 @@ class Finish(msgspec.Struct, frozen=True, tag="finish", kw_only=True):
     output_tokens: int
     ttft_s: float | None = None
     error: str | None = None
+    # Requests with tools: the whole reply parsed (continuation included).
+    reply: Reply | None = None
 
 
 # --- daemon -> worker -------------------------------------------------------
@@ -112,6 +190,7 @@ class Submit(msgspec.Struct, frozen=True, tag="submit", kw_only=True):
     continuation: str = ""
     sampling: SamplingParams = SamplingParams()
     priority: int = 0
+    tools: Tools | None = None
 
 
 class Abort(msgspec.Struct, frozen=True, tag="abort", kw_only=True):

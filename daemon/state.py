@@ -10,7 +10,16 @@ import asyncio
 import enum
 from dataclasses import dataclass, field
 
-from daemon.protocol import ChatMessage, Finish, SamplingParams, WorkerStats
+from daemon.protocol import (
+    ChatMessage,
+    Finish,
+    MessageDelta,
+    SamplingParams,
+    TokenLogprob,
+    Tools,
+    ToolSupport,
+    WorkerStats,
+)
 
 
 class ProgramStatus(enum.StrEnum):
@@ -46,6 +55,7 @@ class WorkerState:
     status: str = "healthy"
     stats: WorkerStats | None = None
     inflight: set[str] = field(default_factory=set)
+    tools: ToolSupport = field(default_factory=ToolSupport)  # what its engine does with tools
 
     @property
     def healthy(self) -> bool:
@@ -94,6 +104,8 @@ class StreamItem:
     num_tokens: int = 0
     finish: Finish | None = None
     error: str | None = None
+    message: MessageDelta | None = None  # requests with tools: the parsed view of `text`
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -108,6 +120,7 @@ class RequestState:
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     priority: int = 0
+    tools: Tools | None = None
     status: RequestStatus = RequestStatus.QUEUED
     worker_id: str | None = None
     dispatched_at: float | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from daemon.protocol import Finish, Submit, TokenDelta, WorkerStats
+from daemon.protocol import Finish, Submit, TokenDelta, ToolSupport, WorkerStats
 
 
 class Engine(Protocol):
@@ -22,6 +22,7 @@ class Engine(Protocol):
     kv_capacity_tokens: int
     block_size: int
     max_batch: int
+    tools: ToolSupport  # read at registration, after `start`
 
     async def start(self) -> None: ...
 

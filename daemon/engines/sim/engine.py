@@ -16,6 +16,11 @@ exponential distribution with that mean, from ``random.Random(seed)`` where the 
 ``sampling.seed`` or else a BLAKE2b digest of the request id, so the same request ends at the
 same place in every run and process; it finishes with reason "stop" there unless ``max_tokens``
 comes first ("length"). Default (None): every request runs to ``max_tokens``.
+
+Structure: a request with tools, or a JSON schema, gets a scripted answer instead of filler
+(a tool call, a JSON value; daemon/engines/sim/tools.py), then EOS; with tools the deltas
+and the finish carry the parsed view (content and calls) as a real engine's parser would.
+Log probabilities, when asked, are simulated too (``token_logprob``).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -37,7 +43,19 @@ from daemon.engines.sim.scheduler import (
     SimScheduler,
     StepResult,
 )
-from daemon.protocol import Finish, Submit, TokenDelta, WorkerStats
+from daemon.engines.sim.tools import Script, scripted_reply
+from daemon.protocol import (
+    Finish,
+    MessageDelta,
+    Reply,
+    Submit,
+    TokenDelta,
+    TokenLogprob,
+    ToolCallDelta,
+    ToolSupport,
+    TopLogprob,
+    WorkerStats,
+)
 
 log = logging.getLogger("agentd.engines.sim")
 
@@ -49,12 +67,14 @@ def request_seed(submit: Submit) -> int:
     return int.from_bytes(digest, "little")
 
 
-def request_from_submit(submit: Submit, eos_mean_tokens: float | None = None) -> SimRequest:
-    """The scheduler's view of a submit: prompt token ids, output budget, simulated EOS."""
+def request_from_submit(submit: Submit, eos_mean_tokens: float | None = None,
+                        script: Script | None = None) -> SimRequest:
+    """The scheduler's view of a submit: prompt token ids, output budget, simulated EOS.
+    A ``script`` (a tool call, a JSON value) is the output, and EOS comes right after it."""
     if submit.prompt_token_ids is not None:
         ids = list(submit.prompt_token_ids)
     elif submit.messages is not None:
-        ids = tokenizer.encode(tokenizer.render_chat(submit.messages))
+        ids = tokenizer.encode(tokenizer.render_chat(submit.messages, submit.tools))
     else:
         ids = tokenizer.encode(submit.prompt or "")
     offset = 0
@@ -63,7 +83,9 @@ def request_from_submit(submit: Submit, eos_mean_tokens: float | None = None) ->
         ids.extend(cont)
         offset = len(cont)
     eos_after = None
-    if eos_mean_tokens is not None:
+    if script is not None:
+        eos_after = max(1, len(script.pieces) - offset)
+    elif eos_mean_tokens is not None:
         rng = random.Random(request_seed(submit))
         eos_after = 1 + int(rng.expovariate(1.0 / eos_mean_tokens))
     return SimRequest(
@@ -73,7 +95,22 @@ def request_from_submit(submit: Submit, eos_mean_tokens: float | None = None) ->
         eos_after=eos_after,
         output_offset=offset,
         priority=submit.priority,
+        script_token_ids=[tokenizer.piece_id(p.strip()) for p in script.pieces] if script
+        else [],
     )
+
+
+def token_logprob(seed: int, index: int, text: str, alternatives: int) -> TokenLogprob:
+    """Simulated log probabilities of output token ``index``: the token is the likeliest,
+    the ``alternatives`` below it share what is left, halving; the same in every run."""
+    rng = random.Random(seed * 65_537 + index)
+    chosen = rng.uniform(0.5, 0.99)
+    top = [TopLogprob(text, math.log(chosen))]
+    left = 1.0 - chosen
+    for j in range(1, alternatives):
+        left /= 2
+        top.append(TopLogprob(f" sim{index}.{j}", math.log(left)))
+    return TokenLogprob(token=text, logprob=top[0].logprob, top=top[:alternatives])
 
 
 @dataclass(eq=False)
@@ -81,12 +118,49 @@ class _Stream:
     started: float
     # A continuation already ends in a token, so even the first new one needs its space.
     space_first: bool
+    submit: Submit
+    seed: int
+    script: Script | None
     queue: asyncio.Queue[TokenDelta | Finish] = field(default_factory=asyncio.Queue)
     ttft_s: float | None = None
+    text: str = ""  # the continuation and all output: the reply parsed at the end
+
+    def __post_init__(self) -> None:
+        self.text = self.submit.continuation
+
+    @property
+    def parses_calls(self) -> bool:
+        tools = self.submit.tools
+        return tools is not None and tools.choice != "none"
+
+    def token_text(self, index: int, first: bool) -> str:
+        if self.script is not None and index < len(self.script.pieces):
+            return self.script.pieces[index]
+        return tokenizer.filler_text(index, first=first)
+
+    def message(self, index: int) -> MessageDelta | None:
+        """The parsed view of output token ``index``: call pieces hold no content, and
+        the script's last token completes its calls."""
+        if self.script is None or not self.script.calls:
+            return None
+        if index != len(self.script.pieces) - 1:
+            return MessageDelta()
+        return MessageDelta(tool_calls=[
+            ToolCallDelta(index=i, id=c.id, name=c.name, arguments=c.arguments)
+            for i, c in enumerate(self.script.calls)])
+
+    def reply(self, reason: str) -> Reply | None:
+        if not self.parses_calls:
+            return None
+        if self.script is not None and self.script.calls and reason == "stop":
+            return Reply(content=None, tool_calls=self.script.calls)
+        return Reply(content=self.text)  # no call, or one cut short: it does not parse
 
 
 class SimEngine:
     engine = "sim"
+    # Its template renders tools, and it writes calls whole (engines/sim/tools.py).
+    tools = ToolSupport(parser="sim", template=True)
 
     def __init__(
         self,
@@ -133,7 +207,9 @@ class SimEngine:
     async def generate(self, submit: Submit) -> AsyncIterator[TokenDelta | Finish]:
         rid = submit.request_id
         loop = asyncio.get_running_loop()
-        req = request_from_submit(submit, self.eos_mean_tokens)
+        seed = request_seed(submit)
+        script = scripted_reply(submit, seed)
+        req = request_from_submit(submit, self.eos_mean_tokens, script)
         try:
             if rid in self._streams:
                 raise RequestRejected(f"request {rid!r} is already running")
@@ -144,7 +220,8 @@ class SimEngine:
                 cached_tokens=0, output_tokens=0, error=str(exc),
             )
             return
-        stream = _Stream(started=loop.time(), space_first=bool(submit.continuation))
+        stream = _Stream(started=loop.time(), space_first=bool(submit.continuation),
+                         submit=submit, seed=seed, script=script)
         self._streams[rid] = stream
         self._wake.set()
         try:
@@ -225,14 +302,16 @@ class SimEngine:
                 first = stream.ttft_s is None
                 if first:
                     stream.ttft_s = now - stream.started
-                text = tokenizer.filler_text(
-                    out.output_offset + n_out - 1, first=n_out == 1 and not stream.space_first
-                )
+                index = out.output_offset + n_out - 1
+                text = stream.token_text(index, first=n_out == 1 and not stream.space_first)
+                stream.text += text
                 stream.queue.put_nowait(
                     TokenDelta(
                         request_id=out.request_id, text=text, num_tokens=1,
                         prompt_tokens=out.num_prompt_tokens if first else None,
                         cached_tokens=out.num_cached_tokens if first else None,
+                        message=stream.message(index),
+                        logprobs=self._logprobs(stream, index, text),
                     )
                 )
             if out.finish_reason is not None:
@@ -243,5 +322,13 @@ class SimEngine:
                         prompt_tokens=out.num_prompt_tokens,
                         cached_tokens=out.num_cached_tokens,
                         output_tokens=out.num_output_tokens, ttft_s=stream.ttft_s,
+                        reply=stream.reply(out.finish_reason),
                     )
                 )
+
+    @staticmethod
+    def _logprobs(stream: _Stream, index: int, text: str) -> list[TokenLogprob] | None:
+        alternatives = stream.submit.sampling.logprobs
+        if alternatives is None:
+            return None
+        return [token_logprob(stream.seed, index, text, alternatives)]

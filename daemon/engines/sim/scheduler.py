@@ -101,9 +101,11 @@ class SimRequest:
     max_tokens: int
     # Output length at which the simulated EOS is sampled (reason "stop"); None = never.
     eos_after: int | None = None
-    # Output token i is the filler token ``sim<output_offset + i>`` (continues after failover).
+    # Output token i is the filler token ``sim<output_offset + i>`` (continues after failover),
+    # or, while there are any, the scripted ones (a tool call: daemon/engines/sim/tools.py).
     output_offset: int = 0
     priority: int = 0
+    script_token_ids: list[int] = field(default_factory=list)
 
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)
@@ -130,6 +132,12 @@ class SimRequest:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
+
+    def next_token_id(self) -> int:
+        index = self.output_offset + self.num_output_tokens
+        if index < len(self.script_token_ids):
+            return self.script_token_ids[index]
+        return filler_token_id(index)
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,7 +319,7 @@ class SimScheduler:
             new: tuple[int, ...] = ()
             reason: str | None = None
             if req.num_computed_tokens == req.num_tokens:
-                tok = filler_token_id(req.output_offset + req.num_output_tokens)
+                tok = req.next_token_id()
                 req.output_token_ids.append(tok)
                 req.all_token_ids.append(tok)
                 new = (tok,)

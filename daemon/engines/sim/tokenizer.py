@@ -20,7 +20,7 @@ import re
 from collections.abc import Sequence
 from functools import lru_cache
 
-from daemon.protocol import ChatMessage
+from daemon.protocol import ChatMessage, Tools
 
 SPECIAL_TOKENS = ("<|bos|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|end|>")
 VOCAB_SIZE = 128_256
@@ -48,13 +48,36 @@ def count_tokens(text: str) -> int:
     return len(_PIECE.findall(text))
 
 
-def render_chat(messages: Sequence[ChatMessage]) -> str:
-    """The prompt text for ``messages``, ending with the assistant generation marker."""
+def render_chat(messages: Sequence[ChatMessage], tools: Tools | None = None) -> str:
+    """The prompt text for ``messages``, ending with the assistant generation marker. The
+    tools' specs open it; an assistant turn's calls follow its content as the sim writes
+    them (``call_text``), so a history that sends a call back re-tokenizes to its ids."""
     parts = ["<|bos|>"]
+    if tools is not None:
+        parts.append(f"<|system|> tools: {tools.functions} <|end|>")
     for m in messages:
-        parts.append(f"{_ROLE_MARKER.get(m.role, '<|user|>')} {m.content} <|end|>")
+        calls = "".join(call_text(c.name, c.arguments) for c in m.tool_calls)
+        parts.append(f"{_ROLE_MARKER.get(m.role, '<|user|>')} {m.content}{calls} <|end|>")
     parts.append("<|assistant|>")
     return "\n".join(parts)
+
+
+def call_text(name: str, arguments: str) -> str:
+    """A function call as the sim writes it (the Hermes format vLLM's hermes parser reads)."""
+    return f'<tool_call>{{"name": "{name}", "arguments": {arguments}}}</tool_call>'
+
+
+_SPACED_PIECE = re.compile(r"\s*(?:<\|[a-z]+\|>|\w+|[^\w\s])")
+
+
+def split(text: str) -> list[str]:
+    """``text`` cut into its tokens' texts, each with the whitespace before it, so they join
+    back to ``text`` (trailing whitespace stays with the last) and ``encode`` gives their ids."""
+    pieces = _SPACED_PIECE.findall(text)
+    tail = len(text) - sum(map(len, pieces))
+    if pieces and tail:
+        pieces[-1] += text[-tail:]
+    return pieces
 
 
 def filler_token_id(index: int) -> int:

@@ -16,12 +16,21 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from daemon.engines.vllm import tools
 from daemon.engines.vllm.adapter import (
     StatsCollector,
     kv_capacity_tokens,
     make_stat_logger_factory,
 )
-from daemon.protocol import Finish, Submit, TokenDelta, WorkerStats
+from daemon.protocol import (
+    Finish,
+    Submit,
+    TokenDelta,
+    TokenLogprob,
+    ToolSupport,
+    TopLogprob,
+    WorkerStats,
+)
 from daemon.protocol import SamplingParams as WireSampling
 
 DEFAULT_KV_CACHE_BYTES = 64 << 20
@@ -46,6 +55,8 @@ class VllmEngine:
         max_num_seqs: int = 32,
         model_name: str | None = None,
         load_format: str = "auto",
+        tool_call_parser: str = "",
+        chat_template: str = "",
     ) -> None:
         if block_size % 32:
             # vLLM's CPU attention backend fails at start otherwise; say so up front.
@@ -60,6 +71,11 @@ class VllmEngine:
         self._dtype = dtype
         self._enforce_eager = enforce_eager
         self._load_format = load_format  # "dummy": random weights, for timing a model shape
+        tools.check_parser(tool_call_parser)
+        self._tool_call_parser = tool_call_parser
+        self._template = tools.chat_template(chat_template)  # None: the tokenizer's own
+        self.tools = ToolSupport()  # known once the tokenizer is loaded
+        self._tool_parsing: tools.ToolParsing | None = None
         self._collector = StatsCollector()
         self._llm: Any = None
         self._tokenizer: Any = None
@@ -92,6 +108,9 @@ class VllmEngine:
         )
         self._tokenizer = self._llm.get_tokenizer()
         self.kv_capacity_tokens = kv_capacity_tokens(self._llm.vllm_config)
+        self._tool_parsing = tools.ToolParsing(self._tokenizer, self._tool_call_parser)
+        self.tools = ToolSupport(parser=self._tool_call_parser,
+                                 template=tools.renders_tools(self._tokenizer, self._template))
 
     async def shutdown(self) -> None:
         if self._llm is not None:
@@ -123,11 +142,7 @@ class VllmEngine:
         """The exact token ids this engine schedules for `submit`."""
         tok = self._require_tokenizer()
         if submit.messages is not None:
-            rendered = tok.apply_chat_template(
-                [{"role": m.role, "content": m.content} for m in submit.messages],
-                tokenize=False,
-                add_generation_prompt=True,
-            )
+            rendered = tools.render(tok, submit.messages, submit.tools, self._template)
             # The template already emits every special token it wants.
             return list(tok.encode(rendered + submit.continuation, add_special_tokens=False))
         if submit.prompt_token_ids is not None:
@@ -143,11 +158,14 @@ class VllmEngine:
         try:
             llm = self._require()
             prompt_ids = self.prompt_token_ids(submit)
-            params = self._sampling_params(submit.sampling)
+            parser = self._require_tool_parsing().for_request(submit, prompt_ids)
+            params = self._sampling_params(submit.sampling, parser)
+            if parser is not None:
+                parser.prime(submit.continuation, self._continuation_ids(submit))
         except Exception as exc:  # a bad request ends that request, never the worker
             yield _error_finish(rid, exc)
             return
-        state = _RequestState(prompt_tokens=len(prompt_ids))
+        state = _RequestState(prompt_tokens=len(prompt_ids), parser=parser)
         try:
             async for out in llm.generate(
                 {"prompt_token_ids": prompt_ids}, params, request_id=rid
@@ -164,13 +182,16 @@ class VllmEngine:
         # vLLM ended the stream without a finished output: only an abort does that.
         yield state.finish(rid, "abort")
 
-    def _sampling_params(self, wire: WireSampling) -> Any:
+    def _sampling_params(self, wire: WireSampling, parser: tools.RequestParser | None) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         structured = (
             StructuredOutputsParams(json=wire.json_schema) if wire.json_schema else None
         )
+        if parser is not None and parser.structured_outputs is not None:
+            # A forced or constrained call wins over response_format, as in vLLM's server.
+            structured = parser.structured_outputs
         return SamplingParams(
             max_tokens=wire.max_tokens,
             temperature=wire.temperature,
@@ -179,9 +200,24 @@ class VllmEngine:
             top_k=max(wire.top_k, 0),
             stop=list(wire.stop) or None,
             seed=wire.seed,
+            logprobs=wire.logprobs,
+            frequency_penalty=wire.frequency_penalty,
+            presence_penalty=wire.presence_penalty,
             structured_outputs=structured,
+            skip_special_tokens=parser is None or parser.skip_special_tokens,
             output_kind=RequestOutputKind.DELTA,
         )
+
+    def _continuation_ids(self, submit: Submit) -> list[int]:
+        if not submit.continuation:
+            return []
+        return list(self._require_tokenizer().encode(submit.continuation,
+                                                     add_special_tokens=False))
+
+    def _require_tool_parsing(self) -> tools.ToolParsing:
+        if self._tool_parsing is None:
+            raise VllmEngineError("the vLLM engine is not running (start() not awaited?)")
+        return self._tool_parsing
 
     def _require(self) -> Any:
         if self._llm is None:
@@ -197,8 +233,9 @@ class VllmEngine:
 class _RequestState:
     """Per-request bookkeeping across vLLM's delta outputs."""
 
-    def __init__(self, prompt_tokens: int) -> None:
+    def __init__(self, prompt_tokens: int, parser: tools.RequestParser | None = None) -> None:
         self.prompt_tokens = prompt_tokens
+        self.parser = parser
         self.cached_tokens = 0
         self.output_tokens = 0
         self.ttft_s: float | None = None
@@ -211,7 +248,12 @@ class _RequestState:
             self.prompt_tokens = len(out.prompt_token_ids)
         completion = out.outputs[0]
         n = len(completion.token_ids)
-        if n == 0 and not completion.text:
+        message = None
+        if self.parser is not None:
+            # Also an empty last output: it lets the parser flush what it held back.
+            message = self.parser.delta(completion.text, list(completion.token_ids),
+                                        finished=completion.finish_reason is not None)
+        if n == 0 and not completion.text and not (message and message.tool_calls):
             return None
         self.output_tokens += n
         first = not self._sent_first
@@ -224,6 +266,8 @@ class _RequestState:
             num_tokens=n,
             prompt_tokens=self.prompt_tokens if first else None,
             cached_tokens=self.cached_tokens if first else None,
+            message=message,
+            logprobs=_logprobs(completion) if completion.logprobs else None,
         )
 
     def finish(self, rid: str, reason: str | None) -> Finish:
@@ -234,7 +278,26 @@ class _RequestState:
             cached_tokens=self.cached_tokens,
             output_tokens=self.output_tokens,
             ttft_s=self.ttft_s,
+            reply=self.parser.reply() if self.parser is not None else None,
         )
+
+
+def _logprobs(completion: Any) -> list[TokenLogprob]:
+    """vLLM's per-position {token id: Logprob} (the sampled token and the likeliest
+    alternatives) as the wire carries them."""
+    out = []
+    for token_id, position in zip(completion.token_ids, completion.logprobs, strict=False):
+        chosen = position[token_id]
+        top = sorted((p for p in position.values() if p.rank is not None), key=lambda p: p.rank)
+        out.append(TokenLogprob(
+            token=chosen.decoded_token or "", logprob=_finite(chosen.logprob),
+            top=[TopLogprob(p.decoded_token or "", _finite(p.logprob)) for p in top]))
+    return out
+
+
+def _finite(logprob: float) -> float:
+    # JSON has no -inf; OpenAI's floor for "impossible" is -9999.0, as vLLM's server uses.
+    return max(logprob, -9999.0)
 
 
 def _error_finish(rid: str, exc: BaseException, state: _RequestState | None = None) -> Finish:
