@@ -9,7 +9,7 @@ MODEL_DIR ?= $(HOME)/.cache/agentd/models/SmolLM2-135M-Instruct
 PYTEST_ARGS ?=
 
 .PHONY: install install-vllm model run test lint bench bench-gateway bench-kv bench-slo bench-engine \
-	bench-tools bench-runtime bench-policies soak calibrate clean
+	bench-tools bench-runtime bench-policies bench-lineage soak calibrate clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,13 +46,16 @@ lint: install
 	$(VENV)/bin/lint-imports
 
 # bench-tools needs a Docker engine; soak runs 30 minutes. Neither is in `bench`.
-bench: bench-gateway bench-kv bench-slo bench-runtime bench-policies
+bench: bench-gateway bench-kv bench-slo bench-runtime bench-policies bench-lineage
 
 bench-gateway: install
 	$(PY) -m bench.gateway
 
 bench-kv: install
 	$(PY) -m bench.kv
+
+bench-lineage: install
+	$(PY) -m bench.lineage
 
 bench-slo: install
 	$(PY) -m bench.slo

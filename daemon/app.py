@@ -17,6 +17,7 @@ from daemon.api import tenants
 from daemon.api.errors import EXCEPTION_HANDLERS, ErrorSchemaPlugin
 from daemon.api.gateway import GatewayController
 from daemon.api.policies_api import install_policies
+from daemon.api.responses import ResponsesController
 from daemon.api.rest import OperatorController, OpsController, RestController
 from daemon.api.scheduling_api import SchedulingController
 from daemon.api.tools_api import ToolsController
@@ -96,9 +97,9 @@ class Daemon:
 def create_app(config: Config) -> Litestar:
     daemon = Daemon(config)
     app = Litestar(
-        route_handlers=[GatewayController, RestController, OperatorController, OpsController,
-                        ToolsController, SchedulingController, drain.DrainController,
-                        create_ui_router(config.base_url)],
+        route_handlers=[GatewayController, ResponsesController, RestController,
+                        OperatorController, OpsController, ToolsController, SchedulingController,
+                        drain.DrainController, create_ui_router(config.base_url)],
         before_request=drain.refuse_while_draining,
         guards=[auth.require_scope, tenants.require_owner],
         dependencies={"core": Provide(daemon.get_core, sync_to_thread=False),

@@ -86,6 +86,11 @@ class Config:
     # The most a run's result may take as JSON; a run returning more fails and says so,
     # and the daemon never reads more than this (plus room for a failure's report).
     max_result_bytes: int = 1024 * 1024
+    # A chat request without a program_id whose messages extend an earlier request's
+    # messages plus its reply joins that request's program (daemon/lineage.py); such a
+    # program, and a Responses API chain's, ends after this long without a request.
+    lineage_inference: bool = True
+    lineage_idle_s: float = 120.0
     # Tool specs by name, from the config file's [tools.NAME] tables.
     tools: dict[str, Any] = field(default_factory=dict)
 
@@ -207,6 +212,8 @@ def validate(cfg: Config) -> None:
     if not (cfg.runtime_gpus >= 0 or cfg.runtime_gpus == -1):
         raise ConfigError(f"runtime_gpus must be >= 0, or -1 for the GPUs visible to the "
                           f"daemon, got {cfg.runtime_gpus!r}")
+    if not cfg.lineage_idle_s > 0:
+        raise ConfigError(f"lineage_idle_s must be > 0, got {cfg.lineage_idle_s!r}")
     if not cfg.runtime_resource_wait_s >= 0:
         raise ConfigError("runtime_resource_wait_s must be >= 0 (0: no wait)")
     if cfg.max_result_bytes < MIN_RESULT_BYTES:

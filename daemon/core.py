@@ -22,6 +22,7 @@ from daemon import lru, protocol
 from daemon.broker import Broker
 from daemon.config import Config
 from daemon.kv_control import KvControl
+from daemon.lineage import Lineage
 from daemon.metrics import Histogram, add_collector
 from daemon.slo_control import RESIDENT, SloControl
 from daemon.slo_exposition import slo_families
@@ -101,6 +102,10 @@ class Core:
         self.on_program_end: list[Callable[[ProgramState], None]] = [
             lambda p: self.slo.tagging.forget(p.id)]
         self.on_program_waiting: list[Callable[[ProgramState], None]] = []
+        # Called as a request ends, with its finish (None: it failed or was aborted).
+        self.on_request_end: list[
+            Callable[[RequestState, protocol.Finish | None], None]] = []
+        self.lineage = Lineage(self)
         self.counters: dict[str, float] = {
             "requests_total": 0, "requests_failed": 0, "failovers": 0,
             "prompt_tokens": 0, "generation_tokens": 0, "cached_tokens": 0,
@@ -656,6 +661,8 @@ class Core:
             prompt_tokens=req.prompt_tokens, cached_tokens=req.cached_tokens,
             output_tokens=req.output_tokens,
         )
+        for callback in self.on_request_end:
+            callback(req, finish)
         req.stream.put_nowait(StreamItem(finish=finish, error=error if finish is None else None))
         # Finished requests are kept only until their consumer has read them.
         asyncio.get_running_loop().call_later(30.0, self.requests.pop, req.id, None)

@@ -46,3 +46,7 @@ class Lru(Generic[K, V]):
         if len(self._items) > self.cap:
             del self._items[next(iter(self._items))]
         return value
+
+    def pop(self, key: K) -> V | None:
+        """Remove the entry and return its value; None when there is none."""
+        return self._items.pop(key, None)

@@ -20,6 +20,7 @@ another tenant's weight or drains its bucket.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -29,6 +30,7 @@ from db import models
 
 if TYPE_CHECKING:
     from daemon.core import Core
+    from daemon.protocol import ChatMessage
     from daemon.state import ProgramState
     from db.writer import BatchWriter
 
@@ -64,9 +66,18 @@ class SessionTenants:
 
 
 async def open_program(core: Core, program_id: str | None, session_id: str | None,
-                       tenant: str) -> ProgramState:
+                       tenant: str, messages: Sequence[ChatMessage] | None = None
+                       ) -> ProgramState:
     """`core.ensure_program`, recording `tenant` on a session it creates and as the
-    tenant of the program's next request."""
+    tenant of the program's next request. A chat request that names no program gives its
+    `messages`: with lineage inference on, the program they continue, if any, is this
+    tenant's program the request joins (daemon/lineage.py)."""
+    if program_id is None and messages is not None and core.lineage.inference:
+        asked = core.lineage.ask(tenant, messages, session_id)
+        continued = None if asked.program is None else asked.program.id
+        program = await open_program(core, continued, session_id, tenant)
+        core.lineage.opened(program, asked)
+        return program
     tenants = core.slo.tenants
     live = program_id is not None and program_id in core.programs  # creates no session
     named = session_id or program_id  # the session a new program would get

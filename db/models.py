@@ -183,3 +183,23 @@ class ApiToken(Base):
     # Who the token's requests are scheduled and rate-limited as; NULL: the token's id
     # (tokens made before tenants existed keep the per-token buckets they had).
     tenant: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+class Response(Base):
+    """A stored Responses API response (`store`, the default): what GET answers, and the
+    conversation a later response continues by `previous_response_id`."""
+
+    __tablename__ = "responses"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    session_id: Mapped[str] = mapped_column(String(128))
+    program_id: Mapped[str] = mapped_column(String(128))
+    previous_response_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    model: Mapped[str] = mapped_column(String(256))
+    status: Mapped[str] = mapped_column(String(16))  # completed | incomplete
+    # The chat messages so far, this response's reply last, without its instructions
+    # (they do not carry over to the next response).
+    conversation: Mapped[list[Any]] = mapped_column(JSON)
+    body: Mapped[dict[str, Any]] = mapped_column(JSON)  # the response object as answered
+    created_at: Mapped[float] = mapped_column(Float)

@@ -2,7 +2,9 @@
 
 A client opts into program-aware scheduling with `program_id` / `session_id`
 (body fields, so `extra_body` works, or X-Program-Id / X-Session-Id headers).
-Without them every request is its own program, released when it ends.
+Without them a chat request whose messages extend an earlier request's messages and
+reply joins that request's program (lineage inference, daemon/lineage.py); any other
+request is a program of its own, released when it ends, unless a later one may join it.
 """
 
 from __future__ import annotations
@@ -226,7 +228,7 @@ class GatewayController(Controller):
             sampling = msgspec.structs.replace(sampling, json_schema=_json.encode(schema).decode())
         tenant = await request_tenant(request, core, body.tenant)
         admit(request, core, chat_tools.prompt_chars(tools, messages), "messages", tenant)
-        program = await _program(core, request, body, tenant)
+        program = await _program(core, request, body, tenant, messages)
         req = core.submit(program, "chat", body.model, sampling, messages=messages,
                           priority=body.priority, tools=tools)
         _record_client(core, req, body.safety_identifier or body.user, body.metadata)
@@ -343,7 +345,9 @@ def _sampling(core: Core, body: _Common, max_tokens: int | None,
 
 
 async def _program(core: Core, request: Request[Any, Any, Any], body: _Common,
-                   tenant: str) -> ProgramState:
+                   tenant: str, messages: list[ChatMessage] | None = None) -> ProgramState:
+    """The program a request runs in: the one it names, else (a chat request's
+    `messages`) the one lineage inference finds, else a new one."""
     program_id, program_field = body.program_id, "program_id"
     if program_id is None and "x-program-id" in request.headers:
         program_id, program_field = request.headers["x-program-id"], "X-Program-Id"
@@ -358,7 +362,7 @@ async def _program(core: Core, request: Request[Any, Any, Any], body: _Common,
     access = access_of(request)
     await check_program(core, access, program_id, program_field)
     await check_session(core, access, session_id, session_field)
-    return await open_program(core, program_id, session_id, tenant)
+    return await open_program(core, program_id, session_id, tenant, messages)
 
 
 def _usage(finish: Finish) -> dict[str, Any]:
@@ -507,5 +511,6 @@ async def _finish_recorded(core: Core, since: int) -> bool:
 
 def _release_quietly(core: Core, program_id: str) -> None:
     program = core.programs.get(program_id)
-    if program is not None and program.active_request is None:
+    if program is not None and program.active_request is None \
+            and not core.lineage.holds(program_id):  # it ends when idle (daemon/lineage.py)
         core.set_program_status(program, ProgramStatus.STOPPED, "single-request program ended")

@@ -16,9 +16,10 @@ an unused one.
 
 Where the rule is applied, so that a new endpoint cannot miss it:
 - `require_owner`, a guard on every route after the scope guard, checks each path
-  parameter that names an object (`program_id`, `session_id`, `run_id`);
+  parameter that names an object (`program_id`, `session_id`, `run_id`, `response_id`);
 - routes that name objects in a body or header check them with `check_program` /
-  `check_session` (the gateway, a run's session);
+  `check_session` / `check_response` (the gateway, a run's session, a response's
+  `previous_response_id`);
 - routes that list objects filter with `Access.tenant` (sessions, programs, runs, tools,
   workflows, the scheduler's per-tenant figures).
 `tests/integration/test_tenant_isolation.py` walks every route with two tenants' tokens.
@@ -133,6 +134,14 @@ async def run_owner(connection: ASGIConnection[Any, Any, Any, Any], core: Core,
     return None if view is None else await session_owner(core, str(view["session_id"]))
 
 
+async def response_owner(core: Core, response_id: str) -> str | None:
+    """A stored response belongs to the tenant that created it."""
+    async with core.sessions() as s:
+        owner: str | None = await s.scalar(select(models.Response.tenant)
+                                           .where(models.Response.id == response_id))
+    return owner
+
+
 async def session_owners(core: Core, session_ids: set[str]) -> dict[str, str]:
     """Tenant by session id for many sessions in one read (unknown ones are left out)."""
     if not session_ids:
@@ -180,10 +189,19 @@ async def check_session(core: Core, access: Access, session_id: str | None,
         raise _unknown("session", session_id, field)
 
 
+async def check_response(core: Core, access: Access, response_id: str | None,
+                         field: str = "response_id") -> None:
+    """404 for a response of another tenant (`field`: where the request named it)."""
+    if response_id is not None and access.tenant is not None \
+            and not access.allows(await response_owner(core, response_id)):
+        raise _unknown("response", response_id, field)
+
+
 async def require_owner(connection: ASGIConnection[Any, Any, Any, Any],
                         _handler: BaseRouteHandler) -> None:
     """The guard after `auth.require_scope`: resolves the request's access and refuses
-    (404) a path parameter that names another tenant's program, session or run."""
+    (404) a path parameter that names another tenant's program, session, run or
+    response."""
     principal = principal_of(connection)
     if principal is None or OPERATOR in principal.scopes:
         return  # auth off, a public route, or an operator: everything
@@ -193,6 +211,7 @@ async def require_owner(connection: ASGIConnection[Any, Any, Any, Any],
     params = connection.path_params
     await check_program(core, access, params.get("program_id"))
     await check_session(core, access, params.get("session_id"))
+    await check_response(core, access, params.get("response_id"))
     run_id = params.get("run_id")
     if run_id is not None and not access.allows(await run_owner(connection, core, run_id)):
         raise _unknown("run", run_id, "run_id")

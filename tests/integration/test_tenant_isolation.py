@@ -25,6 +25,7 @@ MODEL = "sim-llama3-8b"
 # What only tenant B put in: none of it may reach tenant A in any answer.
 ARG_SECRET = f"arg-{uuid.uuid4().hex}"  # B's run argument, then B's managed state
 RESULT_SECRET = f"result-{uuid.uuid4().hex}"
+RESPONSE_SECRET = f"instructions-{uuid.uuid4().hex}"  # B's stored response's instructions
 B_SESSION, B_PROGRAM, B_IDLE = "b-sess", "b-prog", "b-idle"
 
 STORE = f'''import agentd
@@ -54,6 +55,7 @@ class World:
     a: str  # tenant a: read, submit
     b: str  # tenant b: read, submit
     b_run: str
+    b_response: str
     a_ui: httpx.Client
 
 
@@ -100,7 +102,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         for program in (B_PROGRAM, B_IDLE):
             r = _chat(d, b, json={"program_id": program, "session_id": B_SESSION})
             assert r.status_code == 200, r.text
-        yield World(d, a, b, run["id"], login(d, a))
+        r = _req(d, b, "POST", "/v1/responses", json={
+            "model": MODEL, "input": "x", "instructions": RESPONSE_SECRET,
+            "max_output_tokens": 2})
+        assert r.status_code == 200, r.text
+        yield World(d, a, b, run["id"], r.json()["id"], login(d, a))
     finally:
         d.stop()
 
@@ -121,6 +127,7 @@ class Case:
 
 NOT_FOUND, FORBIDDEN, OK = 404, 403, 200
 RUN = "{run}"  # replaced by B's run id
+RESPONSE = "{response}"  # replaced by B's stored response's id
 SPEC = {"name": "x", "version": 1}
 
 # Every route the app serves: (method, template) -> A's case.
@@ -131,6 +138,11 @@ CASES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/completions"): Case("/v1/completions", NOT_FOUND, {
         "model": MODEL, "prompt": "x", "session_id": B_SESSION}),
     ("GET", "/v1/models"): Case("/v1/models", OK),
+    ("POST", "/v1/responses"): Case("/v1/responses", NOT_FOUND, {
+        "model": MODEL, "input": "x", "previous_response_id": RESPONSE}),
+    ("GET", "/v1/responses/{response_id:str}"): Case(f"/v1/responses/{RESPONSE}", NOT_FOUND),
+    ("DELETE", "/v1/responses/{response_id:str}"): Case(f"/v1/responses/{RESPONSE}",
+                                                         NOT_FOUND),
     ("GET", "/v1/programs/{program_id:str}"): Case(f"/v1/programs/{B_PROGRAM}", NOT_FOUND),
     ("GET", "/v1/programs"): Case("/v1/programs", OK),
     ("POST", "/v1/programs/{program_id:str}/release"): Case(
@@ -252,14 +264,16 @@ def test_the_walk_covers_every_route() -> None:
 def _secrets_of_b(world: World, case: Case) -> list[str]:
     """B's secrets and, unless A named it (an error may echo it), B's run id."""
     named = RUN in case.path or RUN in str(case.body)
-    return [ARG_SECRET, RESULT_SECRET] + ([] if named else [world.b_run])
+    return [ARG_SECRET, RESULT_SECRET, RESPONSE_SECRET] + ([] if named else [world.b_run])
 
 
 def _send(world: World, method: str, case: Case) -> tuple[int, str]:
     """A's (status, text) for the case; a stream is read up to its first chunk."""
-    path = case.path.replace(RUN, world.b_run)
+    path = case.path.replace(RUN, world.b_run).replace(RESPONSE, world.b_response)
     if not case.ui:
-        r = _req(world.d, world.a, method, path, json=case.body, headers=case.headers or {})
+        body = {k: world.b_response if v == RESPONSE else v for k, v in case.body.items()} \
+            if case.body is not None else None
+        r = _req(world.d, world.a, method, path, json=body, headers=case.headers or {})
         return r.status_code, r.text
     c = world.a_ui
     if method == "POST":
@@ -313,6 +327,8 @@ def test_b_is_untouched_after_the_walk(world: World) -> None:
     state = _req(d, b, "GET", f"/v1/sessions/{B_SESSION}").json()["state"]
     assert state["vault"]["secret"] == ARG_SECRET
     assert _req(d, b, "GET", f"/v1/runs/{world.b_run}").json()["status"] == "finished"
+    response = _req(d, b, "GET", f"/v1/responses/{world.b_response}").json()
+    assert response["instructions"] == RESPONSE_SECRET
 
 
 def test_workflow_names_are_per_tenant(world: World) -> None:
