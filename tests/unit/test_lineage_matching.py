@@ -127,7 +127,8 @@ async def test_a_quiet_program_gives_up_its_room_and_can_still_be_joined(
         core: Core, worker: zmq.asyncio.Socket) -> None:
     program, req = await ask(core, TASK)
     await answer(worker, req, "make test")
-    assert program.status == ProgramStatus.ACTING and program.worker_id == WORKER
+    # A tuple, not two comparisons: mypy would narrow the status to ACTING for good.
+    assert (program.status, program.worker_id) == (ProgramStatus.ACTING, WORKER)
     await wait_for_async(lambda: program.status == ProgramStatus.PAUSED, 10,
                          f"the quiet program to be paused ({lineage.QUIET_FLOOR_S} s)")
     joined, _ = await ask(core, then(TASK, "make test", "2 failed"))
@@ -139,7 +140,7 @@ async def test_an_idle_program_ends_and_takes_its_reply_with_it(
     core.lineage.idle_s = 0.5
     program, req = await ask(core, TASK)
     await answer(worker, req, "echo hi")
-    assert core.lineage.holds(program.id) and program.status == ProgramStatus.ACTING
+    assert (core.lineage.holds(program.id), program.status) == (True, ProgramStatus.ACTING)
     await wait_for_async(lambda: program.status == ProgramStatus.STOPPED, 10,
                          "the idle program to end")
     assert not core.lineage.holds(program.id)
