@@ -129,10 +129,11 @@ def test_chat_json_and_stream(daemon: DaemonProcess, clean_env: dict[str, str]) 
     answer = json.loads(ok("chat", "hi", "--max-tokens", "3", "--json", "--model", MODEL,
                            daemon=daemon, env=clean_env).out)
     assert answer["choices"][0]["message"]["content"].split() == ["sim0", "sim1", "sim2"]
-    # a chat without --program is a one-request program, already stopped but listed
+    # a chat without --program is a program of its own, kept (lineage inference) for a
+    # continuation of its conversation until lineage_idle_s ends it, and listed
     program = json.loads(ok("program", answer["program_id"], "--json", daemon=daemon,
                             env=clean_env).out)
-    assert program["status"] == "STOPPED"
+    assert program["status"] == "ACTING"
 
     streamed = ok("chat", "stream it", "--stream", "--max-tokens", "4", daemon=daemon,
                   env=clean_env)
