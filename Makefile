@@ -8,7 +8,7 @@ ENGINE ?= vllm
 MODEL_DIR ?= $(HOME)/.cache/agentd/models/SmolLM2-135M-Instruct
 PYTEST_ARGS ?=
 
-.PHONY: install install-vllm model run test lint bench bench-gateway bench-kv bench-slo bench-engine \
+.PHONY: install install-vllm model run test test-fast lint bench bench-gateway bench-kv bench-slo bench-engine \
 	bench-tools bench-runtime bench-policies bench-lineage soak calibrate clean
 
 $(STAMP): pyproject.toml
@@ -36,6 +36,12 @@ endif
 # pytest exit code 5 (no tests collected) is a failure, not a pass.
 test: model
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests ran" >&2; exit 1; fi; exit $$rc
+
+# Under two minutes, no vLLM: the unit tests and the UI tests that start no daemon (the
+# TUI's model, the web UI's layout). The other UI tests each start a daemon: `make test`.
+FAST_TESTS := tests/unit tests/ui/test_tui_model.py tests/ui/test_webui_layout.py
+test-fast: install
+	$(PY) -m pytest $(FAST_TESTS) -m "not vllm and not browser" $(PYTEST_ARGS)
 
 # mypy checks the packages listed in pyproject.toml, then each example bundle on its own;
 # lint-imports holds the architecture's import rules (pyproject.toml's contracts).

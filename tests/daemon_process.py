@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 
+from tests.waiting import wait_for
+
 
 def _die_with_parent() -> None:
     """SIGTERM the daemon if the test process dies first (killed by a timeout, say):
@@ -100,20 +102,22 @@ class DaemonProcess:
                               timeout=60)
 
     def wait_ready(self, workers: int, timeout: float) -> None:
-        deadline = time.time() + timeout
         last: Any = None
-        while time.time() < deadline:
+
+        def ready() -> bool:
+            nonlocal last
             assert self.proc is not None
             if self.proc.poll() is not None:
                 raise RuntimeError(f"agentd exited with {self.proc.returncode}:\n{self.log()}")
             try:
                 last = httpx.get(f"{self.url}/healthz", timeout=1).json()
-                if last.get("workers_healthy", 0) >= workers:
-                    return
             except httpx.HTTPError as exc:
                 last = exc
-            time.sleep(0.1)
-        raise TimeoutError(f"agentd not ready after {timeout}s ({last}):\n{self.log()}")
+                return False
+            return bool(last.get("workers_healthy", 0) >= workers)
+
+        wait_for(ready, timeout, lambda: f"agentd ready with {workers} worker(s) ({last}):\n"
+                                         f"{self.log()}")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:] if self.log_path else ""
@@ -153,15 +157,12 @@ class DaemonProcess:
 
     def run_ended(self, run_id: str, timeout: float = 60.0) -> dict[str, Any]:
         """The run's view once it has finished, failed or been cancelled."""
-        deadline = time.monotonic() + timeout
-        while True:
+        def ended() -> dict[str, Any] | None:
             view: dict[str, Any] = self.get(f"/v1/runs/{run_id}").json()
-            if view["status"] in ("finished", "failed", "cancelled"):
-                return view
-            if time.monotonic() > deadline:
-                raise AssertionError(f"run {run_id} did not end in {timeout:g} s: {view}\n"
-                                     f"{self.log()}")
-            time.sleep(0.1)
+            return view if view["status"] in ("finished", "failed", "cancelled") else None
+
+        return dict(wait_for(ended, timeout, lambda: (
+            f"run {run_id} to end: {self.get(f'/v1/runs/{run_id}').json()}\n{self.log()}")))
 
     def run_to_end(self, body: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
         """Start a run (`POST /v1/runs` with `body`) and return its view once it has ended."""

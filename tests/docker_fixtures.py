@@ -7,18 +7,20 @@ where a missing engine is a failure: a green run must not hide untested containe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
 import docker
 import pytest
+
+from tests.waiting import wait_for_exit
 
 REPO = Path(__file__).resolve().parents[1]
 BUSYBOX_IMAGE = "agentd-busybox:latest"
@@ -60,9 +62,8 @@ def _stop(pidfile: str) -> None:
         os.kill(pid, signal.SIGTERM)
     except (OSError, ValueError):
         return
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
-        time.sleep(0.1)
+    with contextlib.suppress(AssertionError):  # still there: the session ends anyway
+        wait_for_exit(pid, 20, "dockerd to stop")
 
 
 @pytest.fixture(scope="session")

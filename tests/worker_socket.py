@@ -14,6 +14,7 @@ import zmq
 from daemon import protocol, worker_curve
 from daemon.worker_key import key_path
 from tests.daemon_process import DaemonProcess
+from tests.waiting import wait_for
 
 MODEL = "sim-llama3-8b"
 
@@ -81,9 +82,9 @@ def metric(d: DaemonProcess, name: str, **labels: str) -> float:
 
 
 def eventually(check: Callable[[], bool], within: float = 10.0) -> bool:
-    deadline = time.time() + within
-    while not check():
-        if time.time() > deadline:
-            return False
-        time.sleep(0.1)
+    """Whether `check` holds within `within` s; the caller asserts it with its own message."""
+    try:
+        wait_for(check, within, "a condition")
+    except AssertionError:
+        return False
     return True

@@ -19,6 +19,7 @@ from daemon import auth
 from daemon.app import create_app
 from daemon.config import Config
 from tests.daemon_process import DaemonProcess
+from tests.waiting import wait_for
 
 MODEL = "sim-llama3-8b"
 
@@ -127,9 +128,8 @@ def test_revocation_takes_effect_while_the_daemon_runs(daemon: DaemonProcess) ->
     revoked = daemon.cli("token", "revoke", token_id)
     assert revoked.returncode == 0, revoked.stderr
     since = time.monotonic()
-    while _chat(daemon, secret).status_code != 401:
-        assert time.monotonic() - since < auth.CACHE_TTL_S + 1.0, "revocation never took effect"
-        time.sleep(0.05)
+    wait_for(lambda: _chat(daemon, secret).status_code == 401, auth.CACHE_TTL_S + 1.0,
+             "the revocation to take effect", interval=0.05)
     assert time.monotonic() - since <= auth.CACHE_TTL_S + 0.5
     resp = _chat(daemon, secret)
     assert resp.status_code == 401 and resp.json()["error"]["code"] == "invalid_api_key"

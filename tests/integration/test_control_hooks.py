@@ -5,7 +5,6 @@ program is pinned for the KV layer, an ordinary agent's is not."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +12,7 @@ import httpx
 import pytest
 
 from tests.daemon_process import DaemonProcess
-from tests.waiting import wait_for
+from tests.waiting import session_trace, wait_for, wait_for_trace
 
 # Hooks return decisions whose reasons say what the policy saw; SetPriority is valid in
 # any view, and the `control.hook` trace event carries every decision a hook returned.
@@ -39,21 +38,26 @@ class HookRecorder(ControlPolicy):
 GROWING = '''import time
 
 import agentd
+from agentd import runtime
 
 
 @agentd.agent(min_instances=1, max_instances=2)
 class Worker:
     def work(self, i: int, delay: float) -> int:
-        time.sleep(delay)
+        time.sleep(delay)  # both calls at once: the agent grows a second instance
         return i
 
 
-def main(delay: float = 1.5, after: float = 4.0) -> list[int]:
+def main(delay: float = 1.5) -> list[int]:
     w = Worker()
     values = [int(f) for f in [w.work(0, delay), w.work(1, delay)]]  # grows to 2 instances
-    time.sleep(after)  # the operator kills Worker#1 meanwhile
+    control = runtime.current().control
+    # The operator kills Worker#1, sees its end traced, then sets a priority for RELEASE.
+    while "test-release" not in control.snapshot()["rules"]["priorities"]:
+        time.sleep(0.05)
     return values
 '''
+RELEASE = "test-release"  # a priority target no session has: the test's signal to GROWING
 # `@agentd.agent(preemptable=False)` is refused by the SDK today (it takes a preempt
 # method's name), so the checked directives are made without a class to check against.
 PINNED = '''import time
@@ -78,7 +82,7 @@ helper = AgentClass(Helper, directives(resources={"memory_mb": 64}))
 
 def main(hold: float = 30.0) -> list[str]:
     answers = [str(keeper().ask("hello")), str(helper().ask("hello"))]
-    time.sleep(hold)
+    time.sleep(hold)  # alive (its programs too) until the test cancels it
     return answers
 '''
 
@@ -103,8 +107,22 @@ def _start(d: DaemonProcess, workflow: str, source: str, session: str) -> dict[s
 
 
 def _trace(d: DaemonProcess, session: str, kind: str) -> list[dict[str, Any]]:
-    rows = d.get(f"/v1/sessions/{session}/trace", params={"limit": 5000}).json()["data"]
-    return [e["data"] | {"program_id": e.get("program_id")} for e in rows if e["kind"] == kind]
+    return [e["data"] | {"program_id": e.get("program_id")} for e in session_trace(d, session)
+            if e["kind"] == kind]
+
+
+def _mark(d: DaemonProcess, run_id: str, marker: str) -> None:
+    """A priority for `marker`: it reaches the sandbox with the answer to its next report."""
+    assert d.decide(run_id, {"kind": "SetPriority", "session_id": marker, "value": 1.0,
+                             "reason": "test: a mark in the run's reports"})[0]["ok"]
+
+
+def _reported_since(d: DaemonProcess, run_id: str, marker: str) -> None:
+    """Until the run has reported views past this moment: the mark set now shows in the
+    report after the one whose answer carried it."""
+    _mark(d, run_id, marker)
+    wait_for(lambda: marker in d.get(f"/v1/runs/{run_id}/control").json()["priorities"], 30,
+             f"the run's view to carry the priority for {marker}")
 
 
 def test_a_recording_policy_sees_instances_come_and_go_and_the_session_end(
@@ -121,6 +139,9 @@ def test_a_recording_policy_sees_instances_come_and_go_and_the_session_end(
         kill = {"kind": "Kill", "instance_id": "Worker#1", "reason": "test: scale in"}
         r = d.post(f"/v1/runs/{rid}/control/decisions", json={"decisions": [kill]})
         assert r.status_code == 200 and r.json()["results"][0]["ok"], r.text
+        wait_for_trace(d, "s-hooks", "control.hook", timeout=60, where=lambda e: (
+            e["data"].get("instance"), e["data"]["change"]) == (f"{rid}/Worker#1", "stopped"))
+        _mark(d, rid, RELEASE)
         assert d.run_ended(rid)["result"] == [0, 1]
         hooks = wait_for(lambda: (
             h := _trace(d, "s-hooks", "control.hook")) and h[-1]["hook"] == "on_session_end"
@@ -151,11 +172,11 @@ def test_a_non_preemptable_agents_program_is_pinned(d: DaemonProcess) -> None:
         assert program["session_id"] == "s-pin" and program["status"] != "STOPPED"
         wait_for(lambda: d.get(f"/v1/programs/{helper}").status_code == 200, 60,
                  "the helper's program")
-        time.sleep(0.6)  # two more view reports: the helper stays unpinned
+        _reported_since(d, run["id"], "test-mark")  # views that would have pinned it
         assert d.get(f"/v1/programs/{helper}").json()["pinned"] is False
     finally:
         httpx.delete(f"{d.url}/v1/runs/{run['id']}", headers=d.auth_headers(), timeout=10)
-    time.sleep(0.3)  # the batched trace writer
+    wait_for_trace(d, "s-pin", "run.cancelled")
     [pinned] = _trace(d, "s-pin", "program.pinned")
     assert pinned["program_id"] == keeper and pinned["reason"] == "agent Keeper is not preemptable"
     directives = {e["agent"]: e for e in _trace(d, "s-pin", "agent.directives")}

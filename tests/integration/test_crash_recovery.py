@@ -7,7 +7,6 @@ import os
 import signal
 import sqlite3
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import httpx
 import openai
 
 from tests.daemon_process import DaemonProcess
+from tests.waiting import wait_for
 
 MODEL = "sim-llama3-8b"
 CANARY = '''\
@@ -94,12 +94,13 @@ def _crash_and_recover(d: DaemonProcess) -> None:
     for n, _chunk in enumerate(stream):
         if n == 10:
             break
-    deadline = time.time() + 20
-    while min(len(loop.acked) for loop in loops) < 2 and time.time() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: min(len(loop.acked) for loop in loops) >= 2, 20,
+             "two answers to each loop", interval=0.05)
     before = {loop.session: d.get(f"/v1/sessions/{loop.session}/trace").json()["data"]
               for loop in loops}
-    time.sleep(0.3)  # several flush intervals: the stream's running row is durable
+    # The program's page flushes the writer first: the stream's running row is durable.
+    wait_for(lambda: [r["status"] for r in d.get("/v1/programs/p-long").json()["requests"]]
+             == ["running"], 10, "the stream's running row in the store")
     d.kill()
     for loop in loops:
         loop.stop.set()

@@ -14,6 +14,7 @@ import httpx
 import openai
 
 from tests.daemon_process import DaemonProcess
+from tests.waiting import wait_for
 
 MODEL = "sim-llama3-8b"
 
@@ -34,15 +35,15 @@ def _stop_in_background(d: DaemonProcess, *args: str) -> tuple[threading.Thread,
 
 def _wait_refused(d: DaemonProcess) -> httpx.Response:
     """Poll with new requests until the drain refuses them (it starts within a second)."""
-    until = time.time() + 15
-    while time.time() < until:
+    def refused() -> httpx.Response | None:
         r = d.post("/v1/chat/completions", json={
             "model": MODEL, "messages": [{"role": "user", "content": "new"}], "max_tokens": 1})
-        if r.status_code == 503:
-            return r
-        assert r.status_code == 200, r.text
-        time.sleep(0.05)
-    raise AssertionError("the drain never refused a new request")
+        assert r.status_code in (200, 503), r.text
+        return r if r.status_code == 503 else None
+
+    answer: httpx.Response = wait_for(refused, 15, "the drain to refuse a new request",
+                                      interval=0.05)
+    return answer
 
 
 def _trace_kinds(d: DaemonProcess) -> list[tuple[str, dict[str, Any]]]:

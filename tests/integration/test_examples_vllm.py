@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -78,12 +77,7 @@ def rest_submit(d: DaemonProcess, name: str, session: str, args: dict[str, Any])
     assert r.status_code == 201, r.text
     r = d.post("/v1/runs", json={"workflow": name, "session_id": session, "args": args})
     assert r.status_code == 201, r.text
-    run_id = r.json()["id"]
-    deadline = time.time() + RUN_TIMEOUT_S
-    while (view := d.get(f"/v1/runs/{run_id}").json())["status"] not in (
-            "finished", "failed", "cancelled"):
-        assert time.time() < deadline, f"run {run_id} did not end: {view}\n{d.log()}"
-        time.sleep(0.2)
+    view = d.run_ended(r.json()["id"], RUN_TIMEOUT_S)
     assert view["status"] == "finished", f"{view}\n{d.log()}"
     return dict(view["result"])
 

@@ -26,7 +26,7 @@ async def agent_loop(client: openai.AsyncOpenAI, n: int, steps: int, rng: random
         )
         history += [{"role": "assistant", "content": resp.choices[0].message.content or ""},
                     {"role": "user", "content": f"tool result {step}: " + "ok " * 30}]
-        await asyncio.sleep(rng.uniform(0.2, 0.8))  # the tool runs
+        await asyncio.sleep(rng.uniform(0.2, 0.8))  # the tool's own time: the load, not a wait
     return n
 
 

@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from tests.daemon_process import DaemonProcess
+from tests.waiting import wait_for
 
 MODEL = "sim-llama3-8b"
 
@@ -75,6 +76,13 @@ class Traffic:
         self.stop.set()
         self.thread.join(60)
 
+    def serves(self, more: int = 5, timeout: float = 30.0) -> None:
+        """Until `more` requests past those answered so far are answered too."""
+        goal = self.ok + more
+        wait_for(lambda: self.ok >= goal, timeout,
+                 lambda: f"{more} more answered requests ({self.ok} of {goal}; "
+                         f"errors {self.errors[:3]})", interval=0.05)
+
 
 def events(d: PolicyDaemon, name: str) -> list[dict[str, object]]:
     return list(d.get(f"/v1/policies/{name}").json()["events"])
@@ -115,7 +123,7 @@ def test_builtins_registered_and_validation_errors_reported(pd: PolicyDaemon) ->
 
 def test_swap_under_load_rollback_history_and_restart(pd: PolicyDaemon) -> None:
     with Traffic(pd) as load:
-        time.sleep(1.5)
+        load.serves()
         r = pd.put("/v1/policies/canary", json={"layer": "kv", "source": CANARY})
         assert r.status_code == 201 and r.json()["validation"]["ok"], r.text
         started = time.perf_counter()
@@ -123,13 +131,16 @@ def test_swap_under_load_rollback_history_and_restart(pd: PolicyDaemon) -> None:
         activate_ms = (time.perf_counter() - started) * 1000
         assert r.status_code == 200, r.text
         print(f"activate: {activate_ms:.1f} ms round trip, swap {r.json()['swap_us']} us")
-        time.sleep(1.5)
+        load.serves()  # under the canary
+        # Armed from a moment on (time passing is the trigger): it passes validation first.
         arm_at = time.time() + 2.5
         r = pd.put("/v1/policies/boom", json={"layer": "kv",
                                              "source": BOOM.format(arm_at=arm_at)})
         assert r.json()["validation"]["ok"], r.text
         assert pd.post("/v1/policies/boom/activate").status_code == 200
-        time.sleep(4.0)
+        wait_for(lambda: any(e["kind"] == "policy.rolled_back" for e in events(pd, "boom")),
+                 15, "boom's rollback")
+        load.serves()  # under the restored canary
     assert not load.errors, load.errors[:3]
     assert load.ok > 10
 

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.daemon_process import DaemonProcess
+from tests.waiting import wait_for, wait_for_trace
 
 BUSY_FIRST = '''\
 from scheduling.control import ControlPolicy, set_priority
@@ -48,7 +49,7 @@ import agentd
 @agentd.agent(min_instances=1, max_instances=1)
 class Worker:
     def work(self, i: int, delay: float) -> int:
-        time.sleep(delay)
+        time.sleep(delay)  # calls that take a while: the policy sees them live
         return i
 
 
@@ -77,16 +78,14 @@ class ControlDaemon(DaemonProcess):
         return str(r.json()["id"])
 
     def wait_reported(self, run_id: str) -> float:
-        deadline = time.time() + 30
-        while not self.get(f"/v1/runs/{run_id}/control").json()["reported"]:
-            assert time.time() < deadline, f"run {run_id} never reported\n{self.log()}"
-            time.sleep(0.05)
+        wait_for(lambda: self.get(f"/v1/runs/{run_id}/control").json()["reported"], 30,
+                 lambda: f"run {run_id} to report its view\n{self.log()}", interval=0.05)
         return time.time()
 
     def decisions(self, session: str) -> list[dict[str, Any]]:
-        time.sleep(0.3)  # the batched writer commits within ~50 ms
-        rows = self.get(f"/v1/sessions/{session}/trace", params={"limit": 1000}).json()
-        return [e["data"] for e in rows["data"] if e["kind"] == "control.decision"]
+        """The control decisions of the session's run, which has ended."""
+        rows = wait_for_trace(self, session, "run.finished")
+        return [e["data"] for e in rows if e["kind"] == "control.decision"]
 
 
 @pytest.fixture
@@ -154,10 +153,8 @@ def test_operator_control_policy_lifecycle(d: ControlDaemon) -> None:
     assert r.status_code == 200 and d.control()["policy"] == "boom", r.text
     run = d.start_run("s-boom", n=3, delay=0.5)
     seen = d.wait_reported(run)
-    deadline = time.time() + 10
-    while d.control()["policy"] != "busy-first":
-        assert time.time() < deadline, d.control()
-        time.sleep(0.05)
+    wait_for(lambda: d.control()["policy"] == "busy-first", 10,
+             lambda: f"the rollback to busy-first: {d.control()}", interval=0.05)
     [rolled] = [e for e in d.policy_events("policy.rolled_back") if e["data"]["name"] == "boom"]
     data = rolled["data"]
     assert data["layer"] == "control" and data["automatic"] is True

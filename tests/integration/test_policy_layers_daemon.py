@@ -170,14 +170,12 @@ def test_every_layer_swaps_under_load_without_losing_a_request(daemon_factory,  
     d = start(daemon_factory, tmp_path, workers=2)
     before = running(d)
     with Traffic(d) as load:
-        time.sleep(1.0)
+        load.serves()
         for layer, (name, source) in SOURCES.items():
             put(d, name, layer, source)
             r = activate(d, name)
             assert r.status_code == 200 and r.json()["active"] == {"name": name, "version": 1}
-            served = load.ok
-            time.sleep(0.8)
-            assert load.ok > served, f"no request served after activating {name}"
+            load.serves(3)  # requests are served after activating it
     assert not load.errors, load.errors[:3]
     assert running(d) == {layer: (name, 1) for layer, (name, _) in SOURCES.items()}
     assert before != running(d)
@@ -198,12 +196,12 @@ def rollback_under_load(d: DaemonProcess, layer: str, name: str,
     """Activate `source` under traffic; (the rollback event, activation time, built-in)."""
     builtin = running(d)[layer]
     with Traffic(d) as load:
-        time.sleep(1.0)
+        load.serves()
         put(d, name, layer, source)
         activated_at = time.time()
         assert activate(d, name).status_code == 200
         rolled = wait_for(lambda: trace(d, "policy.rolled_back"), 15, "the rollback")
-        time.sleep(0.5)
+        load.serves(3)  # under the restored built-in
     assert not load.errors, load.errors[:3]
     [event] = rolled
     data = event["data"]

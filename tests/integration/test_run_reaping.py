@@ -19,7 +19,6 @@ import os
 import shutil
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 import pytest
 
 from tests.daemon_process import DaemonProcess
+from tests.waiting import session_trace, wait_for_exit, wait_for_trace
 
 RUNS = 40
 IN_FLIGHT = 4
@@ -117,18 +117,12 @@ def _run(d: DaemonProcess, n: int, workflow: str = "short") -> dict[str, Any]:
     r = d.post("/v1/runs", json={"workflow": workflow, "args": args,
                                  "session_id": f"reaping-{n}"})
     assert r.status_code == 201, r.text
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        view = d.get(f"/v1/runs/{r.json()['id']}").json()
-        if view["status"] in ("finished", "failed", "cancelled"):
-            return dict(view)
-        time.sleep(0.05)
-    raise AssertionError(f"run {n} did not end: {view}")
+    return d.run_ended(r.json()["id"], 120)
 
 
 def _reaped(d: DaemonProcess, n: int) -> list[int]:
-    trace = d.get(f"/v1/sessions/reaping-{n}/trace", params={"limit": 100}).json()["data"]
-    return [e["data"]["processes_killed"] for e in trace if e["kind"] == "run.reaped"]
+    return [e["data"]["processes_killed"] for e in session_trace(d, f"reaping-{n}")
+            if e["kind"] == "run.reaped"]
 
 
 def test_ending_runs_kill_no_process_of_anyone_else(d: DaemonProcess) -> None:
@@ -140,32 +134,21 @@ def test_ending_runs_kill_no_process_of_anyone_else(d: DaemonProcess) -> None:
     assert neighbours.killed() == 0, (
         f"run reapers SIGKILLed {neighbours.killed()} of {len(neighbours.procs)} processes "
         "that were no run's")
-    time.sleep(0.5)  # the batched trace writer
+    for n in range(RUNS):
+        wait_for_trace(d, f"reaping-{n}", "run.reaped")
     reaped = {n: _reaped(d, n) for n in range(RUNS)}
     assert all(len(counts) == 1 for counts in reaped.values()), reaped
     assert sum(counts[0] for counts in reaped.values()) == 0, reaped
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def test_a_left_child_is_found_by_the_namespaces_held(marks_only: DaemonProcess) -> None:
     view = _run(marks_only, 0, "leaver")
     assert view["status"] == "finished", view
-    time.sleep(0.5)  # the batched trace writer
-    trace = marks_only.get("/v1/sessions/reaping-0/trace", params={"limit": 100}).json()["data"]
+    trace = wait_for_trace(marks_only, "reaping-0", "run.reaped")
     [confined] = [e["data"]["layers"] for e in trace if e["kind"] == "run.confined"]
     if not {"mountns", "netns"} & set(confined):
         pytest.skip(f"no namespaces on this machine to find a run's processes by: {confined}")
     assert not {"pids-cgroup", "uid"} & set(confined), confined
     child = int(view["result"])
-    deadline = time.time() + 5
-    while _alive(child) and time.time() < deadline:
-        time.sleep(0.1)
-    assert not _alive(child), f"the run's child {child} outlived it"
+    wait_for_exit(child, 5, f"the run's child {child} to end with it")
     assert _reaped(marks_only, 0) == [1]

@@ -4,7 +4,6 @@ token of a run a crashed daemon left behind is revoked at the next start."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +11,7 @@ import httpx
 import pytest
 
 from tests.daemon_process import DaemonProcess
+from tests.waiting import wait_for
 
 HOLDER = '''import os
 import time
@@ -21,7 +21,7 @@ import agentd
 
 def main(hold: float = 60.0) -> str:
     agentd.ManagedDict("holder")["token"] = os.environ["AGENTD_RUN_TOKEN"]
-    time.sleep(hold)
+    time.sleep(hold)  # alive, its token with it, until the test cancels the run
     return "held"
 '''
 STALE_NAME = "run run-0123456789abcdef"
@@ -53,13 +53,13 @@ def _holding_run(d: DaemonProcess, session: str) -> tuple[dict[str, Any], str]:
     r = d.post("/v1/runs", json={"workflow": "holder", "session_id": session})
     assert r.status_code == 201, r.text
     run = r.json()
-    deadline = time.time() + 30
-    while time.time() < deadline:
+
+    def stored_token() -> str | None:
         state = d.get(f"/v1/runs/{run['id']}/state").json().get("state") or {}
-        if "token" in state.get("holder", {}):
-            return run, str(state["holder"]["token"])
-        time.sleep(0.1)
-    raise AssertionError(f"the run never stored its token\n{d.log()}")
+        token = state.get("holder", {}).get("token")
+        return None if token is None else str(token)
+
+    return run, wait_for(stored_token, 30, lambda: f"the run to store its token\n{d.log()}")
 
 
 def test_a_run_token_acts_only_on_its_own_run(d: DaemonProcess) -> None:
@@ -107,7 +107,8 @@ def test_a_run_token_acts_only_on_its_own_run(d: DaemonProcess) -> None:
     finally:
         for r in (run, other):
             httpx.delete(f"{d.url}/v1/runs/{r['id']}", headers=d.auth_headers(), timeout=10)
-    time.sleep(1.1)  # the auth cache keeps a record up to 1 s; the run's end refuses it at once
+    # The auth cache may still hold the record; the run's end (the cancel's answer came
+    # after it) refuses the token at once all the same.
     assert _chat(d, token, program_id=prog).status_code == 401
 
 

@@ -15,7 +15,6 @@ import contextlib
 import re
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import httpx
 import pytest
 
 from tests.daemon_process import DaemonProcess
+from tests.waiting import wait_for, wait_for_trace
 
 HERE = Path(__file__).parent
 CONFIGS = {
@@ -50,7 +50,8 @@ STOPPED_BY: dict[str, set[str]] = {
 }
 VICTIM = ("import time\n\nimport agentd\n\n\ndef main(secret: str):\n"
           "    with open('secret.txt', 'w') as f:\n        f.write(secret)\n"
-          "    agentd.ManagedDict('vault')['secret'] = secret\n    time.sleep(300)\n")
+          "    agentd.ManagedDict('vault')['secret'] = secret\n"
+          "    time.sleep(300)  # alive while the attacks run\n")
 SECRET = "s3cret-of-the-victim"
 
 
@@ -76,13 +77,12 @@ def _victim(d: DaemonProcess) -> dict[str, Any]:
                                          "entry": "main:main"}).status_code == 201
     run = d.post("/v1/runs", json={"workflow": "victim", "session_id": "victim-session",
                                    "args": {"secret": SECRET}}).json()
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        time.sleep(0.2)
+    def stored() -> bool:
         state = d.get(f"/v1/runs/{run['id']}/state").json().get("state") or {}
-        if state.get("vault", {}).get("secret") == SECRET:
-            return dict(run)
-    raise AssertionError(f"the victim run never stored its state: {d.log()}")
+        return bool(state.get("vault", {}).get("secret") == SECRET)
+
+    wait_for(stored, 30, lambda: f"the victim run to store its state: {d.log()}", interval=0.2)
+    return dict(run)
 
 
 def _layers(d: DaemonProcess, session: str) -> set[str]:
@@ -106,18 +106,11 @@ def _attempt(s: dict[str, Any], name: str, attempt: str, target: str = "",
             "session_id": f"attacker-{name}", "limits": limits or {}}
     r = d.post("/v1/runs", json=body)
     assert r.status_code == 201, r.text
-    run_id = r.json()["id"]
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        view = d.get(f"/v1/runs/{run_id}").json()
-        if view["status"] in ("finished", "failed", "cancelled"):
-            break
-        time.sleep(0.1)
+    view = d.run_ended(r.json()["id"], timeout)
     assert view["status"] == "failed", (
         f"ESCAPE: {name} worked under {s['config']} ({sorted(s['layers'])}): {view['result']}")
     reason = view["error"]["reason"]
-    time.sleep(0.3)  # the batched trace writer
-    trace = d.get(f"/v1/sessions/attacker-{name}/trace", params={"limit": 1000}).json()["data"]
+    trace = wait_for_trace(d, f"attacker-{name}", "run.failed")
     failed = [e["data"] for e in trace if e["kind"] == "run.failed"]
     assert failed and failed[-1]["reason"] == reason, trace
     print(f"[{s['config']}] {name}: stopped ({', '.join(sorted(stoppers))} active): {reason}")
@@ -204,12 +197,10 @@ def test_a_fork_bomb_is_bounded_and_cleaned_up(setup: dict[str, Any]) -> None:
     view = _attempt(setup, "fork-bomb", "fork_bomb", limits={"processes": 32})
     assert view["error"]["reason"] == "process limit reached (32 processes and threads)"
     d: DaemonProcess = setup["d"]
-    deadline = time.time() + 10
-    while (left := _processes_of_run(view["id"])) and time.time() < deadline:
-        time.sleep(0.1)
-    assert not left, f"processes of the run outlived it: {left}"
-    trace = d.get("/v1/sessions/attacker-fork-bomb/trace", params={"limit": 1000}).json()
-    [reaped] = [e["data"] for e in trace["data"] if e["kind"] == "run.reaped"]
+    wait_for(lambda: not _processes_of_run(view["id"]), 10,
+             lambda: f"the run's processes to go: {_processes_of_run(view['id'])} are left")
+    trace = wait_for_trace(d, "attacker-fork-bomb", "run.reaped")
+    [reaped] = [e["data"] for e in trace if e["kind"] == "run.reaped"]
     assert reaped["processes_killed"] > 0
     if "pids-cgroup" in setup["layers"]:
         assert reaped["forks_refused"] > 0

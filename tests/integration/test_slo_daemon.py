@@ -152,7 +152,7 @@ def operator_daemon(daemon_factory, tmp_path) -> DaemonProcess:  # type: ignore[
 def test_operator_ordering_policy_swaps_in_under_load(operator_daemon: DaemonProcess) -> None:
     d = operator_daemon
     with Traffic(d) as load:
-        time.sleep(1.0)
+        load.serves()
         r = put(d, "/v1/policies/longest-first", json={"layer": "ordering",
                                                        "source": LONGEST_FIRST})
         assert r.status_code == 201 and r.json()["validation"]["ok"], r.text
@@ -163,7 +163,7 @@ def test_operator_ordering_policy_swaps_in_under_load(operator_daemon: DaemonPro
         assert r.status_code == 200, r.text
         assert r.json()["active"] == {"name": "longest-first", "version": 1}
         served_before = load.ok
-        time.sleep(1.5)
+        load.serves()  # under the new policy
     assert not load.errors, load.errors[:3]
     assert load.ok > served_before > 0
     status = d.get("/v1/scheduling").json()
@@ -180,16 +180,17 @@ def test_operator_ordering_policy_swaps_in_under_load(operator_daemon: DaemonPro
 def test_raising_ordering_policy_rolls_back_within_a_tick(operator_daemon: DaemonProcess) -> None:
     d = operator_daemon
     with Traffic(d) as load:
-        time.sleep(1.0)
+        load.serves()
+        # Armed from a moment on (time passing is the trigger): it passes validation first.
         arm_at = time.time() + 2.0
         r = put(d, "/v1/policies/boom-order", json={
             "layer": "ordering", "source": BOOM.format(arm_at=arm_at)})
         assert r.json()["validation"]["ok"], r.text
         assert d.post("/v1/policies/boom-order/activate").status_code == 200
-        time.sleep(3.5)
+        [rolled] = wait_for(lambda: [e for e in scheduling_events(d, "policy.rolled_back")
+                                     if e["data"]["name"] == "boom-order"], 15, "the rollback")
+        load.serves()  # under the restored built-in
     assert not load.errors, load.errors[:3]
-    [rolled] = [e for e in scheduling_events(d, "policy.rolled_back")
-                if e["data"]["name"] == "boom-order"]
     data = rolled["data"]
     assert data["layer"] == "ordering" and data["automatic"] is True
     assert "RuntimeError: boom after arming" in data["reason"]

@@ -4,7 +4,6 @@ rest on a reply. Skipped when vLLM or the model is missing, unless AGENTD_REQUIR
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from daemon.slo_llm import INTERNAL_SESSION
 from scheduling.ordering import default_registry
 from tests.daemon_process import DaemonProcess
 from tests.vllm_support import MODEL_DIR, _require_vllm
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.vllm
 # A CPU step of the 135M model under a loaded test machine can take a while: the
@@ -46,10 +46,8 @@ def test_a_served_model_is_asked_and_its_answer_checked(tmp_path: Path) -> None:
                            "AGENTD_HEARTBEAT_TIMEOUT_S": "5"})
     try:
         d.start(timeout=240)
-        deadline = time.monotonic() + 180
-        while not (answered := decisions(d)) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert answered, f"no decision rested on a reply\n{d.log()}"
+        answered = wait_for(lambda: decisions(d), 180,
+                            lambda: f"a decision that rests on a reply\n{d.log()}", interval=0.5)
         first = answered[0]
         data = first["data"]
         # Structured output keeps the reply to the schema: a policy of the pool, a reason.

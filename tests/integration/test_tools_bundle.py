@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from console.client import AgentdClient, ClientError
 from console.workflow_cmd import add_workflow_parser
 from tests.daemon_process import DaemonProcess
 from tests.tool_cleanup import remove_daemon_tools
+from tests.waiting import wait_for, wait_for_trace
 
 SETUP_S = 1.5
 # The sandbox calls its own program's tool with its run token, as a workflow would.
@@ -34,7 +34,7 @@ import httpx
 
 
 def main(command: str, tool: str, pause_s: float = 0.0) -> dict:
-    time.sleep(pause_s)  # "reasoning" while the declared environment is prepared
+    time.sleep(pause_s)  # "reasoning" that the preparation hides behind: what is tested
     url, program = os.environ["AGENTD_DAEMON_URL"], os.environ["AGENTD_PROGRAM_ID"]
     r = httpx.post(f"{url}/v1/programs/{program}/tools/{tool}/exec",
                    json={"command": command}, timeout=60,
@@ -71,11 +71,6 @@ def register(d: DaemonProcess, name: str, tools: Any, token: str | None = None
 
 def names(d: DaemonProcess) -> set[str]:
     return {w["name"] for w in d.get("/v1/workflows").json()["data"]}
-
-
-def trace(d: DaemonProcess, session: str) -> list[dict[str, Any]]:
-    time.sleep(0.3)  # the batched writer commits within ~50 ms
-    return list(d.get(f"/v1/sessions/{session}/trace", params={"limit": 1000}).json()["data"])
 
 
 def test_a_bad_spec_is_refused_naming_the_field_and_registers_nothing(d: DaemonProcess) -> None:
@@ -143,7 +138,7 @@ def test_a_run_uses_its_bundles_tool_prepared_while_it_reasons(
     assert view["status"] == "finished", view
     assert view["result"]["status"] == 200, view["result"]
     assert view["result"]["body"]["stdout"] == "ready\n"
-    events = trace(d, session)
+    events = wait_for_trace(d, session, "run.finished")
     kinds = [e["kind"] for e in events]
     assert kinds.index("tool.prepare.start") < kinds.index("tool.prepare.end") < kinds.index(
         "tool.exec.start")
@@ -153,12 +148,9 @@ def test_a_run_uses_its_bundles_tool_prepared_while_it_reasons(
     assert exec_end["data"]["waited_s"] < SETUP_S / 2, exec_end  # the setup was hidden
     # Released with the run: nothing of its program is left.
     program = view["program_id"]
-    deadline = time.time() + 15
-    while [t for t in d.get("/v1/tools", params={"program_id": program}).json()["data"]
-           if t.get("program_id") == program]:
-        assert time.time() < deadline, "the run's tool environment outlived it"
-        time.sleep(0.2)
-    assert "tool.release" in [e["kind"] for e in trace(d, session)]
+    wait_for(lambda: not [t for t in d.get("/v1/tools", params={"program_id": program}).json()[
+        "data"] if t.get("program_id") == program], 15, "the run's tool environment to go")
+    wait_for_trace(d, session, "tool.release")
 
 
 def test_bundle_tools_are_not_visible_outside_the_bundles_runs(d: DaemonProcess) -> None:

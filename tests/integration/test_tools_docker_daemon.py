@@ -5,7 +5,6 @@ engine's `df`, and the `agentd_tool_*` metrics."""
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import pytest
 
 from tests.daemon_process import DaemonProcess
 from tests.tool_cleanup import remove_daemon_tools
+from tests.waiting import wait_for
 
 MODEL = "sim-llama3-8b"
 
@@ -76,10 +76,12 @@ def engine_holds(client: docker.DockerClient, d: DaemonProcess, program: str) ->
 def tool_metrics(d: DaemonProcess, until: str) -> tuple[dict[str, str], str]:
     """`agentd_tool_*` samples from /metrics once `until` shows: what the engine holds is
     read in the background, so a scrape may show the previous reading."""
-    deadline = time.time() + 20
-    while until not in (text := d.get("/metrics").text):
-        assert time.time() < deadline, f"{until!r} never appeared on /metrics:\n{text}"
-        time.sleep(0.5)
+    def showing() -> str | None:
+        text = d.get("/metrics").text
+        return text if until in text else None
+
+    text: str = wait_for(showing, 20, lambda: f"{until!r} on /metrics:\n{d.get('/metrics').text}",
+                         interval=0.5)
     return dict(re.findall(r"^(agentd_tool_[^ ]+) (\S+)$", text, re.M)), text
 
 
@@ -112,10 +114,8 @@ def test_tool_failures_are_structured_and_leave_nothing(
 
     assert chat(d, "p-bad")  # the program itself is unharmed
     assert d.post("/v1/programs/p-bad/release").status_code == 200
-    deadline = time.time() + 15
-    while engine_holds(docker_client, d, "p-bad") and time.time() < deadline:
-        time.sleep(0.2)
-    assert engine_holds(docker_client, d, "p-bad") == 0
+    wait_for(lambda: engine_holds(docker_client, d, "p-bad") == 0, 15,
+             "the engine to hold nothing of p-bad")
 
 
 def test_per_request_specs(docker_daemon: DaemonProcess, busybox_image: str) -> None:

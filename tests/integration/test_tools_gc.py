@@ -6,7 +6,6 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 
 from tests.daemon_process import DaemonProcess
 from tests.tool_cleanup import remove_daemon_tools
+from tests.waiting import wait_for
 from tools import gc
 from tools.base import Backend, Owner
 from tools.docker_backend import DockerBackend
@@ -128,10 +128,9 @@ def test_daemon_reclaims_orphans_after_sigkill_and_on_gc(
         d.start()
         assert owners() == ["p-live", "p-live"]  # reclaimed at start, the live one kept
         assert not _exists(docker_client, lost) and _exists(docker_client, other)
-        deadline = time.time() + 10
-        while (released := _releases(d, "p-ended")) != 2 and time.time() < deadline:
-            time.sleep(0.2)
-        assert released == 2  # its container and its volume, in its session's trace
+        # its container and its volume, in its session's trace
+        wait_for(lambda: _releases(d, "p-ended") == 2, 10,
+                 lambda: f"two gc releases of p-ended, not {_releases(d, 'p-ended')}")
 
         # While running: an orphan appears; the dry run only lists it, gc removes it.
         late = _orphan(docker_client, busybox_image, daemon_id, "p-late")

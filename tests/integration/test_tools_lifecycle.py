@@ -18,6 +18,7 @@ import docker
 import pytest
 
 from tests.docker_fixtures import busybox_image, docker_client, docker_host  # noqa: F401
+from tests.waiting import wait_for_async
 from tools import gc
 from tools.base import LABEL_DAEMON, Backend
 from tools.docker_backend import DockerBackend
@@ -162,7 +163,8 @@ async def test_preparation_overlaps_reasoning(kit: Kit) -> None:
     spec = kit.spec("slow", setup=["sleep 1", "echo ready > ready.txt"])
     # Cold: nobody prepared ahead, so the first exec pays the whole preparation.
     cold = await _timed_exec(kit, "cold", spec)
-    # Warm: preparation starts when the tool is known; the program "reasons" for 0.7 s.
+    # Warm: preparation starts when the tool is known; the program "reasons" for 0.7 s
+    # (a program that takes its time is what is measured, not a wait on the manager).
     kit.manager.prepare("warm", spec)
     await asyncio.sleep(0.7)
     warm = await _timed_exec(kit, "warm", spec)
@@ -264,7 +266,7 @@ async def test_a_call_whose_caller_gives_up_still_ends(kit: Kit) -> None:
     spec = kit.spec()
     await kit.manager.exec("p1", "sh", "true", spec=spec)
     call = asyncio.create_task(kit.manager.exec("p1", "sh", "sleep 5"))
-    await asyncio.sleep(0.5)
+    await wait_for_async(lambda: len(kit.kinds("tool.exec.start")) == 2, 10, "the call to start")
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call

@@ -10,7 +10,6 @@ wait B declares a tool whose setup sleeps SETUP_S.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -59,6 +58,10 @@ def _trace(d: DaemonProcess, session: str) -> list[dict[str, Any]]:
     return data
 
 
+def _queued(d: DaemonProcess, session: str) -> int:
+    return sum(e["kind"] == "request.queued" for e in _trace(d, session))
+
+
 def _first(events: list[dict[str, Any]], kind: str, after: float) -> dict[str, Any]:
     return next(e for e in events if e["kind"] == kind and e["ts"] >= after)
 
@@ -71,11 +74,10 @@ def test_preparation_overlaps_a_paused_programs_wait(paused_daemon: DaemonProces
              interval=0.05)
     threads = [threading.Thread(target=_chat, args=(d, "A", 2800, 300)),
                threading.Thread(target=_chat, args=(d, "B", 1800, 2))]
-    for thread in threads:
-        thread.start()
-        time.sleep(0.1)
-    wait_for(lambda: sum(e["kind"] == "request.queued" for e in _trace(d, "B")) == 2, 15,
-             "B's second request to queue", interval=0.05)
+    threads[0].start()
+    wait_for(lambda: _queued(d, "A") == 2, 15, "A's second request to queue", interval=0.05)
+    threads[1].start()  # B's request arrives after A's
+    wait_for(lambda: _queued(d, "B") == 2, 15, "B's second request to queue", interval=0.05)
     assert d.get("/v1/programs/B").json()["status"] == "PAUSED"
     r = d.post("/v1/programs/B/tools", json={"tools": ["env"]})
     assert r.status_code == 200 and r.json()["tools"] == ["env"], r.text

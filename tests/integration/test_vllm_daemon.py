@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 
 from tests.daemon_process import DaemonProcess
 from tests.vllm_support import MODEL_DIR, _require_vllm
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.vllm
 KV_BYTES = 64 << 20
@@ -113,13 +113,9 @@ def test_usage_rises_under_load_and_abort_frees_the_request(client, daemon) -> N
             break
     stream.close()  # the client goes away mid-stream: agentd aborts the request
     assert peak_running == 1 and peak_used > 0
-    deadline = time.time() + 15
-    while time.time() < deadline:
-        stats = worker(daemon)["stats"]
-        if stats["running"] == 0:
-            break
-        time.sleep(0.2)
-    assert stats["running"] == 0 and stats["kv_used_tokens"] == 0
+    stats = wait_for(lambda: (s := worker(daemon)["stats"])["running"] == 0 and s, 15,
+                     "the aborted request to leave the engine", interval=0.2)
+    assert stats["kv_used_tokens"] == 0
 
 
 def test_worker_crash_fails_clearly_and_is_restarted(client, daemon) -> None:  # type: ignore[no-untyped-def]
@@ -139,15 +135,11 @@ def test_worker_crash_fails_clearly_and_is_restarted(client, daemon) -> None:  #
     except openai.APIError as exc:
         error = str(exc)
     assert error is not None and "no healthy worker" in error
-    deadline = time.time() + 180
-    new = None
-    while time.time() < deadline:
+    def restarted() -> bool:
         healthy = [w for w in daemon.get("/v1/workers").json()["data"] if w["status"] == "healthy"]
-        if healthy and healthy[0]["pid"] != old["pid"]:
-            new = healthy[0]
-            break
-        time.sleep(1)
-    assert new is not None, "the supervisor did not restart the vLLM worker"
+        return bool(healthy) and healthy[0]["pid"] != old["pid"]
+
+    wait_for(restarted, 180, "the supervisor to restart the vLLM worker", interval=1.0)
     resp = client.chat.completions.create(
         model=model(client), max_tokens=4, messages=[{"role": "user", "content": "Hi"}])
     assert resp.usage is not None and resp.usage.completion_tokens > 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +22,7 @@ import pytest_asyncio
 
 from daemon.protocol import ChatMessage, Finish, SamplingParams, Submit, TokenDelta
 from tests.vllm_support import MODEL_DIR, _require_vllm
+from tests.waiting import wait_for_async
 
 if TYPE_CHECKING:
     from daemon.engines.base import Engine
@@ -68,15 +69,6 @@ async def _collect(eng: VllmEngine, submit: Submit) -> tuple[list[TokenDelta], F
             deltas.append(out)
     assert finish is not None, "the stream must end with a Finish"
     return deltas, finish
-
-
-async def _wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.02)
-    return False
 
 
 async def test_answers_capital_of_france(engine: VllmEngine) -> None:
@@ -126,15 +118,15 @@ async def test_abort_mid_stream_ends_with_abort_and_frees_the_slot(engine: VllmE
             break
         seen.append(out)
         if len(seen) == 3:
-            assert await _wait_for(lambda: engine.stats().running == 2)
+            await wait_for_async(lambda: engine.stats().running == 2, 10, "two running")
             await engine.abort("victim")
     assert finish is not None and finish.reason == "abort"
     assert finish.output_tokens < 400
-    assert await _wait_for(lambda: engine.stats().running == 1)
+    await wait_for_async(lambda: engine.stats().running == 1, 10, "one running")
     await engine.abort("keep")
     _, keep_finish = await keep_task
     assert keep_finish.reason == "abort"
-    assert await _wait_for(lambda: engine.stats().running == 0)
+    await wait_for_async(lambda: engine.stats().running == 0, 10, "none running")
 
 
 async def test_extending_a_prompt_reuses_its_cached_prefix(engine: VllmEngine) -> None:
@@ -154,9 +146,9 @@ async def test_extending_a_prompt_reuses_its_cached_prefix(engine: VllmEngine) -
     assert f1.prompt_tokens >= 3 * BLOCK
     assert f2.cached_tokens >= (f1.prompt_tokens // BLOCK) * BLOCK - BLOCK > 0
     assert deltas[0].cached_tokens == f2.cached_tokens
-    assert await _wait_for(
-        lambda: engine.stats().prefix_cache_hits - hits_before >= f2.cached_tokens
-    )
+    await wait_for_async(
+        lambda: engine.stats().prefix_cache_hits - hits_before >= f2.cached_tokens, 10,
+        "the cached tokens in the prefix-cache hits")
 
 
 async def test_kv_capacity_is_blocks_times_block_size(engine: VllmEngine) -> None:
@@ -231,7 +223,7 @@ async def test_tiny_kv_cache_preempts_and_counts_it() -> None:
             nonlocal peak_used
             while True:
                 peak_used = max(peak_used, tiny.stats().kv_used_tokens)
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05)  # the sampling period of a peak, not a wait
 
         watcher = asyncio.create_task(watch())
         results = await asyncio.gather(*(_collect(tiny, s) for s in submits))

@@ -18,7 +18,6 @@ AGENTD_REQUIRE_VLLM=1.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 
 import openai
@@ -27,6 +26,7 @@ import pytest
 from tests.daemon_process import DaemonProcess
 from tests.integration.test_vllm_daemon import FP32_BYTES_PER_TOKEN
 from tests.vllm_support import MODEL_DIR, _require_vllm
+from tests.waiting import wait_for
 
 # vLLM's start on a CPU shared with other work can take minutes by itself.
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
@@ -50,7 +50,7 @@ async def agent(client: openai.AsyncOpenAI, model: str, phase: str, n: int) -> i
             extra_body={"program_id": pid, "session_id": pid})
         history += [{"role": "assistant", "content": resp.choices[0].message.content or ""},
                     {"role": "user", "content": f"Tool output {step}: ok"}]
-        await asyncio.sleep(TOOL_S)
+        await asyncio.sleep(TOOL_S)  # the tool's own time: the load, not a wait
     return n
 
 
@@ -58,16 +58,19 @@ def counters(d: DaemonProcess) -> tuple[int, int]:
     """(queries, hits) of the engine's prefix cache, once the worker has reported its
     last step: the counters are cumulative, so they stop moving when it is idle."""
     last: tuple[int, int] | None = None
-    deadline = time.time() + 30
-    while time.time() < deadline:
+
+    def settled() -> tuple[int, int] | None:
+        nonlocal last
         [w] = [w for w in d.get("/v1/workers").json()["data"] if w["status"] == "healthy"]
         st = w["stats"]
-        now = (int(st["prefix_cache_queries"]), int(st["prefix_cache_hits"]))
-        if now == last and st["running"] == 0 and st["waiting"] == 0:
-            return now
+        now, before = (int(st["prefix_cache_queries"]), int(st["prefix_cache_hits"])), last
         last = now
-        time.sleep(1.0)
-    raise AssertionError(f"worker stats did not settle: {last}")
+        return now if now == before and st["running"] == 0 and st["waiting"] == 0 else None
+
+    # A second apart: stats that did not move across several of the worker's reports.
+    counted: tuple[int, int] = wait_for(settled, 30, lambda: f"worker stats to settle: {last}",
+                                        interval=1.0)
+    return counted
 
 
 def run_phase(d: DaemonProcess, phase: str) -> int:

@@ -6,7 +6,6 @@ Concurrency is read from the run's trace (each call's start and end)."""
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,15 +53,7 @@ def _run(d: DaemonProcess, kind: str, session: str) -> dict[str, Any]:
     r = d.post("/v1/runs", json={"workflow": "batch", "session_id": session,
                                  "args": {"kind": kind, "n": N}})
     assert r.status_code == 201, r.text
-    run_id = r.json()["id"]
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        view = d.get(f"/v1/runs/{run_id}").json()
-        if view["status"] in ("finished", "failed", "cancelled"):
-            time.sleep(0.3)  # the batched writer commits within ~50 ms
-            return dict(view)
-        time.sleep(0.1)
-    raise AssertionError(f"run {run_id} did not end:\n{d.log()}")
+    return d.run_ended(r.json()["id"], 90)
 
 
 def _calls(d: DaemonProcess, session: str) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.daemon_process import DaemonProcess
-from tests.waiting import wait_for
+from tests.waiting import wait_for, wait_for_trace
 
 WAIT_SRC = '''import time
 
@@ -37,7 +37,7 @@ def main(timeout: float = 30.0) -> dict:
     holder = Holder()
     deadline = time.time() + timeout
     while holder.instances < 2 and time.time() < deadline:  # the test provisions one
-        time.sleep(0.05)
+        time.sleep(0.05)  # the sandbox cannot use tests/waiting.py: its own wait on a fact
     t0 = time.time()
     first = Late().ping(1)  # 224 of 1024 MiB free: waits
     second = Late().ping(first)  # behind it
@@ -115,6 +115,8 @@ def test_a_call_waits_for_room_and_a_kill_places_it(d: DaemonProcess) -> None:
     assert (waiting["agent_type"], waiting["resource"], waiting["need"], waiting["free"]) == \
         ("Late", "memory_mb", 300, 224)
     assert "Late reserves memory_mb=300" in waiting["reason"] and waiting["wait_s"] == WAIT_S
+    # Time passing is what is tested here: the call is still waiting a second later (and
+    # says so in `waited_s` below), it neither fails nor runs without room.
     time.sleep(1.0)
     assert d.get(f"/v1/runs/{run_id}").json()["status"] == "running"  # still waiting
     assert d.decide(run_id, {"kind": "Kill", "instance_id": "Holder#1", "reason": "test"})[0]["ok"]
@@ -122,7 +124,7 @@ def test_a_call_waits_for_room_and_a_kill_places_it(d: DaemonProcess) -> None:
     assert final["status"] == "finished", final
     assert final["result"]["first"] == 2 and final["result"]["second"] == 3
     assert 1.0 < final["result"]["waited_s"] < WAIT_S + 5
-    time.sleep(0.3)  # the batched writer commits within ~50 ms
+    wait_for_trace(d, "s-wait", "run.finished")
     placed = [e for e in _trace(d, "s-wait", "future.placed") if e["agent_type"] == "Late"]
     assert [e["instance"] for e in placed] == ["Late#0", "Late#0"]
     assert all("waiting for resources" in e["reason"] for e in placed)
@@ -141,7 +143,7 @@ def test_a_wait_that_runs_out_fails_the_run_naming_what_is_short(d: DaemonProces
     assert f"agent Late waited {WAIT_S} s for resources and none freed" in error["reason"]
     assert "Late reserves memory_mb=300 per instance" in error["reason"]
     assert "224 of the run's memory_mb=1024 is free" in error["reason"]
-    time.sleep(0.3)
+    wait_for_trace(d, "s-wait-out", "run.failed")
     expired = _trace(d, "s-wait-out", "future.wait_expired")
     assert expired and expired[0]["agent_type"] == "Late"
     assert (expired[0]["resource"], expired[0]["need"], expired[0]["free"]) == \

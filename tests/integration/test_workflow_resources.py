@@ -5,14 +5,13 @@ and an agent whose one instance cannot fit at all fails the run with a clear rea
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.daemon_process import DaemonProcess
-from tests.waiting import wait_for
+from tests.waiting import wait_for, wait_for_trace
 
 BIG_SRC = '''import time
 
@@ -34,7 +33,7 @@ def main(timeout: float = 30.0) -> dict:
         n = big.instances
         if n != seen[-1]:
             seen.append(n)
-        time.sleep(0.05)
+        time.sleep(0.05)  # the sandbox cannot use tests/waiting.py: its own wait on a fact
     return {"seen": seen, "work": [int(big.work(i)) for i in range(4)]}
 '''
 
@@ -75,10 +74,9 @@ def _instances(d: DaemonProcess, run_id: str) -> list[str] | None:
     return sorted(i["instance_id"] for i in view["instances"]) if view["reported"] else None
 
 
-def _events(d: DaemonProcess, session: str) -> list[dict[str, Any]]:
-    time.sleep(0.3)  # the batched writer commits within ~50 ms
-    rows = d.get(f"/v1/sessions/{session}/trace", params={"limit": 1000}).json()["data"]
-    return list(rows)
+def _events(d: DaemonProcess, session: str, end: str = "run.finished") -> list[dict[str, Any]]:
+    """The trace of the session's run, which has ended with an `end` event."""
+    return wait_for_trace(d, session, end)
 
 
 def test_provision_refused_for_lack_of_capacity_and_kill_frees_it(d: DaemonProcess) -> None:
@@ -135,7 +133,7 @@ def test_start_up_stops_at_capacity_and_an_agent_too_big_fails_the_run(
     assert error["type"] == "ResourceError" and error["path"] == "main.py:20"
     assert "Huge reserves memory_mb=4096" in error["reason"]
     assert "memory_mb=1024" in error["reason"]
-    events = _events(d, "s-res2")
+    events = _events(d, "s-res2", "run.failed")
     refused = [e["data"] for e in events if e["kind"] == "control.applied"
                and not e["data"]["ok"]]
     assert [(e["agent_type"], e["reason"]) for e in refused] == [("Twin", "min_instances")]

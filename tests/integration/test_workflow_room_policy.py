@@ -17,7 +17,7 @@ from tests.integration.test_workflow_resource_wait import (
     _start,
     _trace,
 )
-from tests.waiting import wait_for
+from tests.waiting import wait_for, wait_for_trace
 
 WAIT_S = 30  # the policy must make room well within it
 
@@ -47,7 +47,7 @@ def test_the_default_policy_makes_room_for_a_waiting_call(d: DaemonProcess) -> N
     assert final["status"] == "finished", final
     assert final["result"]["first"] == 2 and final["result"]["second"] == 3
     assert time.time() - t0 < WAIT_S / 2
-    time.sleep(0.3)  # the batched writer commits within ~50 ms
+    wait_for_trace(d, session, "run.finished")
     assert _trace(d, session, "future.waiting")  # it did wait
     assert not _trace(d, session, "future.wait_expired")
     by_policy = [(e["decision_kind"], e.get("instance_id") or e.get("agent_type"))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import pytest
 
 from console.workflow_cmd import add_workflow_parser, read_bundle
 from tests.daemon_process import DaemonProcess
+from tests.waiting import wait_for, wait_for_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -31,11 +31,6 @@ def d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
 def register(d: DaemonProcess, name: str, files: dict[str, str],
              entry: str = "main:main") -> httpx.Response:
     return d.post("/v1/workflows", json={"name": name, "files": files, "entry": entry})
-
-
-def trace_kinds(d: DaemonProcess, session: str) -> list[dict[str, Any]]:
-    time.sleep(0.3)  # the batched writer commits within ~50 ms
-    return list(d.get(f"/v1/sessions/{session}/trace", params={"limit": 1000}).json()["data"])
 
 
 def test_router_example_both_branches(d: DaemonProcess) -> None:
@@ -55,7 +50,7 @@ def test_router_example_both_branches(d: DaemonProcess) -> None:
     assert coding["program_id"] in ids and chat["program_id"] in ids
     assert any(i.startswith(coding["program_id"] + ".Classifier") for i in ids)
     assert all(p["status"] == "STOPPED" for p in programs)  # released at run end
-    events = trace_kinds(d, "s-router")
+    events = wait_for_trace(d, "s-router", "run.finished", count=2)
     kinds = {e["kind"] for e in events}
     assert {"run.created", "run.started", "run.finished", "future.created",
             "future.resolved", "request.queued"} <= kinds
@@ -102,7 +97,7 @@ def test_swe_example_plans_develops_tests_and_retries(d: DaemonProcess) -> None:
     # the tester fails the data model and the docs once, the user interface twice
     assert result["attempts"] == [1, 0, 2, 0, 1] and result["retries"] == 4
     assert result["code"].count("(attempt ") == 5 and result["requests_in_session"] == 1
-    events = trace_kinds(d, "s-swe")
+    events = wait_for_trace(d, "s-swe", "run.finished")
     placed = [e["data"] for e in events if e["kind"] == "future.placed"]
     developers = {e["instance"] for e in placed if e["agent_type"] == "Developer"}
     assert developers == {"Developer#0", "Developer#1", "Developer#2"}  # max_instances
@@ -182,16 +177,16 @@ def test_run_cannot_open_the_daemon_database(d: DaemonProcess) -> None:
                         "AGENTD_RUN_TOKEN", "LC_CTYPE", "AGENTD_GPUS",
                         "AGENTD_RESOURCE_WAIT_S"}
     # the run token was revoked when the run ended
-    r = d.get("/v1/workflows", token=env["AGENTD_RUN_TOKEN"])
-    time.sleep(1.1)  # the auth cache keeps a token up to 1 s
-    assert d.get("/v1/models", token=env["AGENTD_RUN_TOKEN"]).status_code == 401, r.text
+    wait_for(lambda: d.get("/v1/models", token=env["AGENTD_RUN_TOKEN"]).status_code == 401,
+             10, "the ended run's token to be refused")
 
 
 def test_cancel_kills_the_sandbox_and_releases(d: DaemonProcess) -> None:
-    src = "import time\n\ndef main():\n    time.sleep(60)\n"
+    src = "import time\n\ndef main():\n    time.sleep(60)\n"  # runs until cancelled
     assert register(d, "sleepy", {"main.py": src}).status_code == 201
     run = d.post("/v1/runs", json={"workflow": "sleepy"}).json()
-    time.sleep(0.5)
+    wait_for(lambda: d.get(f"/v1/runs/{run['id']}").json()["status"] == "running", 30,
+             "the sandbox to run")
     r = httpx.delete(f"{d.url}/v1/runs/{run['id']}", headers=d.auth_headers(), timeout=10)
     assert r.status_code == 200 and r.json()["status"] == "cancelled"
     assert d.get(f"/v1/programs/{run['program_id']}").json()["status"] == "STOPPED"
@@ -222,19 +217,22 @@ def test_agentctl_submit_follow(d: DaemonProcess) -> None:
 HOL_SRC = '''import time
 
 import agentd
+from agentd import runtime
 
 
 @agentd.agent(min_instances=2, max_instances=2)
 class Worker:
     def work(self, i: int, delay: float) -> int:
-        time.sleep(delay)
+        time.sleep(delay)  # a call that takes a while, so that the next ones queue
         return i
 
 
-def main(n: int = 6, delay: float = 1.0, settle: float = 2.5) -> list[int]:
+def main(n: int = 6, delay: float = 1.0) -> list[int]:
     w = Worker()
     assert w.instances == 2  # registers the agent: its local controllers report from now
-    time.sleep(settle)  # the operator installs a route meanwhile
+    control = runtime.current().control
+    while not control.snapshot()["rules"]["weights"]:
+        time.sleep(0.05)  # until the operator's route has reached this process
     futures = [w.work(i, delay) for i in range(n)]
     return [int(f) for f in futures]
 '''
@@ -250,10 +248,8 @@ def test_global_controller_migrates_head_of_line_calls(d: DaemonProcess) -> None
     try:
         assert register(d, "hol", {"main.py": HOL_SRC}).status_code == 201
         run = d.post("/v1/runs", json={"workflow": "hol", "session_id": "s-hol"}).json()
-        deadline = time.time() + 20
-        while not d.get(f"/v1/runs/{run['id']}/control").json()["reported"]:
-            assert time.time() < deadline, "the sandbox never reported its view"
-            time.sleep(0.1)
+        wait_for(lambda: d.get(f"/v1/runs/{run['id']}/control").json()["reported"], 20,
+                 "the sandbox to report its view")
         view = d.get(f"/v1/runs/{run['id']}/control").json()
         assert sorted(i["instance_id"] for i in view["instances"]) == ["Worker#0", "Worker#1"]
         route = {"kind": "WeightedRoute", "agent_type": "Worker", "instances": ["Worker#0"],
@@ -267,17 +263,13 @@ def test_global_controller_migrates_head_of_line_calls(d: DaemonProcess) -> None
         refused = d.post(f"/v1/runs/{run['id']}/control/decisions",
                          json={"decisions": [{"kind": "Kill", "instance_id": "Worker#7"}]})
         assert refused.json()["results"][0]["reason"] == "instance 'Worker#7' is not alive"
-        deadline = time.time() + 30
-        while (final := d.get(f"/v1/runs/{run['id']}").json())["status"] not in (
-                "finished", "failed", "cancelled"):
-            assert time.time() < deadline, final
-            time.sleep(0.2)
+        final = d.run_ended(run["id"], 30)
         assert final["status"] == "finished", final
         assert final["result"] == list(range(6))
     finally:
         httpx.put(f"{d.url}/v1/control/policy", json={"name": "nalar-default"},
                   headers=d.auth_headers(), timeout=10)
-    events = trace_kinds(d, "s-hol")
+    events = wait_for_trace(d, "s-hol", "run.finished")
 
     def of(kind: str) -> list[dict[str, Any]]:
         return [e["data"] for e in events if e["kind"] == kind]

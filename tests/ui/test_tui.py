@@ -44,7 +44,7 @@ from console.tui.widgets.sessions_table import SessionsTable
 from console.tui.widgets.tools_table import ToolsTable
 from console.tui.widgets.trace_timeline import TraceTimeline
 from tests.daemon_process import DaemonProcess
-from tests.waiting import wait_for
+from tests.waiting import wait_for, wait_for_async
 from tools.base import Owner
 from tools.process_backend import ProcessBackend
 from tools.spec import parse_spec
@@ -118,13 +118,10 @@ def tui(d: DaemonProcess, read_only: bool = False) -> AgentdTui:
     return AgentdTui(client, read_only=read_only, poll_interval=0.2)
 
 
-async def until(pilot: Pilot[None], cond: Callable[[], bool], what: str,
-                timeout: float = 15.0) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if cond():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+async def until(pilot: Pilot[None], cond: Callable[[], bool], what: str | Callable[[], str],
+                timeout: float = 15.0, interval: float = 0.05) -> None:
+    """`wait_for` for a running app: it runs between checks."""
+    await wait_for_async(cond, timeout, what, interval, pause=pilot.pause)
 
 
 def text_of(app: AgentdTui, selector: str) -> str:
@@ -334,19 +331,22 @@ async def test_migrate_from_the_trace_and_export(daemon: DaemonProcess, tmp_path
 HOL_SRC = '''import time
 
 import agentd
+from agentd import runtime
 
 
 @agentd.agent(min_instances=2, max_instances=2)
 class Worker:
     def work(self, i: int, delay: float) -> int:
-        time.sleep(delay)
+        time.sleep(delay)  # a call that takes a while, so that the next ones queue
         return i
 
 
-def main(n: int = 8, delay: float = 2.0, settle: float = 2.5) -> list[int]:
+def main(n: int = 8, delay: float = 2.0) -> list[int]:
     w = Worker()
     assert w.instances == 2  # registers the agent: its local controllers report from now
-    time.sleep(settle)  # the test routes every call to Worker#0 meanwhile
+    control = runtime.current().control
+    while not control.snapshot()["rules"]["weights"]:
+        time.sleep(0.05)  # until the test's route (every call to Worker#0) has reached us
     futures = [w.work(i, delay) for i in range(n)]
     return [int(f) for f in futures]
 '''
@@ -393,14 +393,9 @@ async def test_migrate_a_runs_calls_to_an_agent_instance(daemon: DaemonProcess) 
             await pilot.press("m")
             modal = app.screen
             assert isinstance(modal, MigrateModal)
-            for _ in range(400):
-                if any(m.possible for m in modal.moves):
-                    break
-                await pilot.pause(0.05)
-            else:
-                note = modal.query_one("#instances-note", Static).render()
-                view = daemon.get(f"/v1/runs/{run['id']}/control").json()
-                raise AssertionError(f"no instance offered ({note}; {modal.moves}): {view}")
+            await until(pilot, lambda: any(m.possible for m in modal.moves), lambda: (
+                f"an instance offered ({modal.query_one('#instances-note', Static).render()}; "
+                f"{modal.moves})"), timeout=20)
             [move] = modal.moves  # Worker#1: Worker#0 holds the calls, it is the source
             assert (move.source, move.destination, move.run_id) == (
                 "Worker#0", "Worker#1", run["id"])

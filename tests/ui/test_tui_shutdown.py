@@ -21,6 +21,7 @@ from console.tui.app import AgentdTui
 from console.tui.shutdown import finish_workers
 from tests.daemon_process import DaemonProcess
 from tests.ui.test_tui import SIZE, until
+from tests.waiting import wait_for_async
 
 # Long enough that the poll worker is in its wait whenever a test is not polling.
 IDLE_POLL_S = 30.0
@@ -75,7 +76,7 @@ def held_app(d: DaemonProcess, path: str) -> tuple[AgentdTui, HeldTransport]:
 
 async def busy(seconds: float) -> None:
     """Hold the app's message loop, as a long redraw does, so its own shutdown lags."""
-    await asyncio.sleep(seconds)
+    await asyncio.sleep(seconds)  # the lag is what is tested, not a wait on anything
 
 
 # The poll's snapshot sends several requests in turn: holding the second one leaves the
@@ -105,11 +106,12 @@ async def test_poll_now_as_the_app_exits_stops_the_poll(daemon: DaemonProcess) -
         for steps in range(6):
             app.snapshot = None
             worker = app.poll()
+            # The worker posts the snapshot and goes into its wait with no await between:
+            # once the snapshot is shown, it waits.
             await until(pilot, lambda: app.snapshot is not None, "a poll")
-            await pilot.pause(0.1)  # into its wait
             app.action_poll_now()
             for _ in range(steps):
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # one turn of the loop each: the step under test
             worker.cancel()
             await until_finished(worker)
             assert worker.state is WorkerState.CANCELLED, steps
@@ -120,15 +122,18 @@ async def test_finish_workers_waits_for_slow_cleanup_and_reports_the_stuck() -> 
     reported rather than waited for forever."""
     app: App[None] = App()
     release = asyncio.Event()
+    started: set[str] = set()  # each adds its name, then awaits with no step between
 
     async def slow_cleanup() -> None:
+        started.add("slow")
         try:
-            await asyncio.sleep(IDLE_POLL_S)
+            await asyncio.sleep(IDLE_POLL_S)  # runs until cancelled
         except asyncio.CancelledError:
-            await asyncio.shield(asyncio.sleep(0.3))
+            await asyncio.shield(asyncio.sleep(0.3))  # the slow cleanup under test
             raise
 
     async def refuses() -> None:
+        started.add("refuses")
         while not release.is_set():
             with contextlib.suppress(asyncio.CancelledError):
                 await release.wait()
@@ -136,7 +141,7 @@ async def test_finish_workers_waits_for_slow_cleanup_and_reports_the_stuck() -> 
     async with app.run_test():
         slow = app.run_worker(slow_cleanup())
         stubborn = app.run_worker(refuses())
-        await asyncio.sleep(0.05)
+        await wait_for_async(lambda: started == {"slow", "refuses"}, 2, "both workers to run")
         stuck = await finish_workers(app.workers, timeout=1.0)
         assert slow.state is WorkerState.CANCELLED
         assert stuck == [stubborn]

@@ -24,6 +24,7 @@ from console.tui.screens.policy_editor import PolicyEditorScreen
 from console.tui.screens.trace import TraceScreen
 from console.tui.widgets.keyed_table import KeyedTable
 from console.tui.widgets.policy_pane import PolicyPane
+from tests.ui.test_tui import until
 
 SIZE = (120, 34)
 URL = "http://agentd.test:8420"
@@ -279,11 +280,8 @@ def shoot(snap_compare: Any, steps: Callable[[Pilot[None], FixedDaemon], Awaitab
 async def settled(pilot: Pilot[None], daemon: FixedDaemon,
                   ready: Callable[[], bool] = lambda: True) -> None:
     """Wait until the metrics script is played out and the view has what it shows."""
-    for _ in range(400):
-        if daemon.metrics_calls > LAST_METRICS_CALL and ready():
-            return
-        await pilot.pause(0.02)
-    raise AssertionError("the fixed dataset never settled")
+    await until(pilot, lambda: daemon.metrics_calls > LAST_METRICS_CALL and ready(),
+                "the fixed dataset to settle", timeout=8, interval=0.02)
 
 
 def rows(pilot: Pilot[None]) -> int:
@@ -398,10 +396,6 @@ def test_error_bar_when_the_daemon_is_down(snap_compare: Any) -> None:
     async def steps(pilot: Pilot[None], d: FixedDaemon) -> None:
         app = pilot.app
         assert isinstance(app, AgentdTui)
-        for _ in range(100):
-            if app.error:
-                return
-            await pilot.pause(0.02)
-        raise AssertionError("no error shown")
+        await until(pilot, lambda: bool(app.error), "the error to show", timeout=2, interval=0.02)
 
     assert shoot(snap_compare, steps, FixedDaemon(down=True))

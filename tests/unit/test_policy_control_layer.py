@@ -16,6 +16,7 @@ from daemon.policies.validate import Report, validate
 from daemon.runtime.control_guard import ControlGuard
 from scheduling.control import ControlDecision, ControlPolicy, ControlView, Kill, SetPriority
 from scheduling.control_policies import CONTROL_POLICIES, sample_view
+from tests.waiting import wait_for_async
 
 SPEC = LAYERS["control"]
 
@@ -287,10 +288,8 @@ async def test_a_stuck_step_is_interrupted_and_rolled_back() -> None:
     active, _ = await guard.step(sample_view(now), now)
     assert active.name == "quiet" and time.monotonic() - started < 3.0
     assert "PolicyTimeout: still running after 1.0 s" in failures[0].reason
-    deadline = time.monotonic() + 2.0
-    while any(t.name == "control-step" for t in threading.enumerate()):
-        assert time.monotonic() < deadline, "the stuck step's thread was not interrupted"
-        await asyncio.sleep(0.05)
+    await wait_for_async(lambda: not any(t.name == "control-step" for t in threading.enumerate()),
+                         2.0, "the stuck step's thread to be interrupted", interval=0.05)
 
 
 async def test_with_nothing_to_fall_back_to_an_exception_reaches_the_loop() -> None:

@@ -20,6 +20,11 @@ from bench.policy_swap_daemon_side import (
     window_waits,
 )
 from bench.policy_swap_isolation import CLIENT_NICE, WORKER_NICE, isolate, split_cores
+from tests.waiting import wait_for, wait_for_async
+
+# Stand-ins for the daemon, its worker and the load generator: processes that stay alive
+# (sleeping) while the test pins them, not waits on anything.
+IDLE = "import time; time.sleep(30)"
 
 
 def test_longest_wait_is_the_longest_interval_overlapping_the_window() -> None:
@@ -84,19 +89,15 @@ def _nice(tid: int) -> int:
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs two cores")
 def test_pin_keeps_workers_and_clients_off_the_daemons_core() -> None:
-    spawner = ("import subprocess, sys, time; "
-               "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); "
-               "time.sleep(30)")
+    spawner = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {IDLE!r}]); {IDLE}"
     daemon = subprocess.Popen([sys.executable, "-c", spawner])
-    load = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    load = subprocess.Popen([sys.executable, "-c", IDLE])
     mine = {t: os.sched_getaffinity(t) for t in _tids(os.getpid())}
     try:
-        deadline = time.time() + 10
-        while not Path(f"/proc/{daemon.pid}/task/{daemon.pid}/children").read_text().split():
-            assert time.time() < deadline, "the stand-in daemon did not start its worker"
-            time.sleep(0.05)
-        [worker] = [int(p) for p in Path(
-            f"/proc/{daemon.pid}/task/{daemon.pid}/children").read_text().split()]
+        children = Path(f"/proc/{daemon.pid}/task/{daemon.pid}/children")
+        [worker] = [int(p) for p in wait_for(lambda: children.read_text().split(), 10,
+                                             "the stand-in daemon to start its worker",
+                                             interval=0.05)]
         only, shared = split_cores()  # before: it reads this process's cores, which pin changes
         out = isolate("pin", daemon.pid, load.pid)
         assert out["workers"] == 1 and out["cores"]["daemon_only"] == sorted(only)
@@ -115,7 +116,7 @@ def test_pin_keeps_workers_and_clients_off_the_daemons_core() -> None:
 
 
 def test_none_changes_nothing_and_a_bad_mode_is_refused() -> None:
-    load = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    load = subprocess.Popen([sys.executable, "-c", IDLE])
     try:
         before = os.sched_getaffinity(load.pid)
         assert isolate("none", os.getpid(), load.pid)["mode"] == "none"
@@ -150,9 +151,10 @@ async def test_the_loop_watch_records_a_lag_and_where_the_loop_was() -> None:
     watch = _loop_watch_module().LoopWatch(records.append)
     watch.start()
     try:
-        await asyncio.sleep(0.02)
         asyncio.get_running_loop().call_soon(_hold_the_loop)
-        await asyncio.sleep(0.02)
+        # the next beat after the hold writes it down
+        await wait_for_async(lambda: any(r["lag"] > 0.04 for r in records), 5,  # type: ignore[operator]
+                             "the lag to be recorded", interval=0.01)
     finally:
         watch.stop()
     [lag] = [r for r in records if r["lag"] > 0.04]  # type: ignore[operator]

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-import time
+import threading
 
 import agentd
 from agentd import runtime as rt_mod
 from daemon.runtime.directives import acted_on, instance_programs
 from scheduling.control import Directives, InstanceView
 
+# Each call holds its slot until all three hold one: three slots in use at once.
+ALL_IN_SLOTS = threading.Barrier(3, timeout=10)
+
 
 @agentd.agent(batchable=True, max_batch=3)
 class Wide:
     def key(self) -> str | None:
-        time.sleep(0.2)  # hold the slot so that the three calls overlap
+        ALL_IN_SLOTS.wait()
         return rt_mod._current_llm_key()
 
 

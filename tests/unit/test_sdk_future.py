@@ -24,7 +24,7 @@ gate = threading.Event()
 
 @agentd.tool
 def slow(value: Any, delay: float = 0.2) -> Any:
-    time.sleep(delay)
+    time.sleep(delay)  # a tool that takes its time: futures are tested against it
     return value
 
 
@@ -57,7 +57,7 @@ class Counter:
 @agentd.agent(max_instances=3)
 class Sleeper:
     def nap(self, s: float) -> str:
-        time.sleep(s)
+        time.sleep(s)  # a call that takes its time, so that calls overlap
         return threading.current_thread().name
 
 

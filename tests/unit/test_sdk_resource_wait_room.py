@@ -5,6 +5,7 @@ does), where the default reassignment policy makes room for them."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import msgspec
@@ -20,10 +21,14 @@ CAP = {"memory_mb": 1024.0, "CPU": 2.0, "GPU": 0.0}
 WAIT_S = 30.0  # far longer than any of these tests takes
 
 
+# Set once the calls that depend on `boom` wait for room: only then does it fail.
+BOOM_GATE = threading.Event()
+
+
 @agentd.agent(min_instances=1, max_instances=2, resources={"memory_mb": 400})
 class Keeper:
     def boom(self) -> int:
-        time.sleep(0.2)
+        assert BOOM_GATE.wait(10)
         raise ValueError("boom")
 
     def ping(self) -> str:
@@ -49,6 +54,8 @@ def test_a_waiting_call_whose_dependency_fails_fails_at_once() -> None:
         bad = _full(rt).boom()
         parked = Parked().ping(bad)  # waits for room, and for `bad`
         after = Parked().ping(parked)  # behind it, for it
+        assert rt.control.cluster.waiting() == 2
+        BOOM_GATE.set()
         t0 = time.perf_counter()
         with pytest.raises(DependencyError, match=r"did not run: its dependency .* failed"):
             agentd.as_future(parked).value(timeout=10)

@@ -14,6 +14,7 @@ from agentd import runtime as rt_mod
 from agentd.control import ResourceError
 from agentd.runtime import process_capacity
 from scheduling.control_resources import NoCapacity
+from tests.waiting import wait_for
 
 CAP = {"memory_mb": 1024.0, "CPU": 2.0, "GPU": 0.0}
 DELAY = 0.3
@@ -99,7 +100,7 @@ def test_a_waiting_call_runs_when_a_kill_makes_room_and_its_consumer_follows() -
         assert holder.instances == 2  # 800 of 1024 MiB reserved
         first = Waiter().ping(1)  # waits: 224 MiB free
         second = Waiter().ping(first)  # depends on the waiting call: waits behind it
-        time.sleep(0.3)
+        wait_for(lambda: rt.control.cluster.waiting() == 2, 5, "both calls to wait for room")
         assert not agentd.as_future(first).available()
         assert not agentd.as_future(second).available()
         t0 = time.perf_counter()
@@ -148,14 +149,14 @@ def test_max_batch_is_checked() -> None:
 @agentd.agent(batchable=True, max_batch=8)
 class Batched:
     def work(self, i: int) -> tuple[int, str | None]:
-        time.sleep(DELAY)
+        time.sleep(DELAY)  # each call's own time: batched calls overlap it, serial ones add up
         return i, rt_mod._current_llm_key()
 
 
 @agentd.agent
 class Serial:
     def work(self, i: int) -> tuple[int, str | None]:
-        time.sleep(DELAY)
+        time.sleep(DELAY)  # each call's own time, as in Batched
         return i, rt_mod._current_llm_key()
 
 
@@ -189,7 +190,7 @@ def test_a_batch_builds_the_instance_object_once() -> None:
         def __init__(self) -> None:
             with lock:
                 built.append(1)
-            time.sleep(0.1)
+            time.sleep(0.1)  # a slow constructor: the batch's calls arrive while it runs
 
         def f(self, i: int) -> int:
             return i

@@ -28,7 +28,7 @@ class Worker:
         self.seen: list[str] = []
 
     def work(self, item: str, delay: float = 0.0) -> str:
-        time.sleep(delay)
+        time.sleep(delay)  # a call that takes the time the test gives it
         self.seen.append(item)
         return f"{item}@{threading.current_thread().name}"
 

@@ -228,9 +228,3 @@ async def test_the_meta_tick_holds_the_loop_under_10_ms_at_30000_completions(
     assert core.slo.ordered.policy_name == "two_lane" and switches == ["two_lane"]
     assert core.slo.long.latest is not None and core.slo.long.latest.view.completions == 30_000
     assert meta_tick[0] >= 3 and meta_tick[1] <= LOOP_HOLD_BUDGET_S, meta_tick
-    # What the cycle used to do, building the view on the loop, is over the budget here.
-    loop.longest_s = 0.0
-    await asyncio.sleep(0)
-    views.long_view(now)
-    await asyncio.sleep(0)
-    assert loop.longest_s > LOOP_HOLD_BUDGET_S, loop.longest_s
