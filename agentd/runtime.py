@@ -3,13 +3,13 @@
 Both modes run calls on a thread pool in the current process; they differ in where the
 side effects go:
 
-| | local mode | daemon mode (inside `python -m agentd.sandbox`) |
+| | local mode | daemon mode (inside `python -m daemon.runtime.sandbox`) |
 |---|---|---|
 | future events | kept in `runtime.events` | posted to `POST /v1/runs/{id}/events` |
 | `agentd.llm` | `$AGENTD_URL` (OpenAI-compatible), | the daemon's gateway, with |
 | | else LLMUnavailable | the run's program/session ids |
 | managed state | in memory | the session's state, written through on every mutation |
-| agent calls | local controllers (agentd/control.py) | the same, plus the daemon's global |
+| agent calls | local controllers (agentd/instances.py) | the same, plus the daemon's global |
 | | | controller's decisions, fetched with this process's view every 0.25 s |
 | `resources` capacity | none (unbounded) unless given | the sandbox's limits (`process_capacity`) |
 | wait for room | `$AGENTD_RESOURCE_WAIT_S`, else 60 s | the daemon's `runtime_resource_wait_s` |
@@ -35,8 +35,8 @@ from typing import Any
 
 import httpx
 
-from agentd.control import ControlHost
 from agentd.future import DependencyError, Future, find_futures, resolve
+from agentd.instances import ControlHost
 
 DEFAULT_THREADS = 32
 LLM_TIMEOUT_S = 300.0

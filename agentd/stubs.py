@@ -29,7 +29,7 @@ Directives (NALAR Table 1):
   instance is a thread of its run's sandbox process, so the run's rlimits bound every
   instance together and one may use more than it reserved.
 All stubs of a class with the same constructor arguments share its instances (one agent
-type); see agentd/control.py.
+type); see agentd/instances.py.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from typing import Any, ParamSpec, TypeVar, cast, overload
 
 from agentd import runtime as rt
 from agentd.future import Future
-from scheduling.control import Directives
-from scheduling.control_resources import KEYS
+from scheduling.agents.policy import Directives
+from scheduling.agents.resources import KEYS
 
 P = ParamSpec("P")
 R = TypeVar("R")

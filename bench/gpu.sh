@@ -21,7 +21,7 @@ fi
 if ! .venv/bin/python -c 'import flashinfer' 2>/dev/null; then
     export VLLM_USE_FLASHINFER_SAMPLER=0
 fi
-.venv/bin/python -m daemon.cli model fetch-smollm2
+.venv/bin/python -m daemon.commands.cli model fetch-smollm2
 export AGENTD_REQUIRE_VLLM=1 PYTHONUNBUFFERED=1
 tests_rc=0
 if [ "$tests" = 1 ]; then
@@ -34,7 +34,7 @@ if [ "$tests" = 1 ]; then
 fi
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-' | tr 'A-Z' 'a-z')
 cost="$out/smollm2-135m-$gpu.json"
-.venv/bin/python -m daemon.cli calibrate --dtype bfloat16 --cuda-graphs \
+.venv/bin/python -m daemon.commands.cli calibrate --dtype bfloat16 --cuda-graphs \
     --name "smollm2-135m-$gpu" --out "$cost" 2>&1 | tee "$out/calibrate.log"
 .venv/bin/python -m bench.engine --dtype bfloat16 --cuda-graphs --cost-model "$cost" 2>&1 \
     | tee "$out/bench-engine.log"

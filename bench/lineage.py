@@ -7,7 +7,7 @@ real daemon with two sim workers whose KV is small enough that scheduling matter
 - ``explicit ids``: each agent names its program (``program_id``) and releases it at its
   end, as a client that adopted agentd does;
 - ``stripped, inference``: the same requests with no id (an unmodified framework) and
-  lineage inference on, as shipped (daemon/lineage.py): programs end when idle;
+  lineage inference on, as shipped (daemon/core/lineage.py): programs end when idle;
 - ``stripped, no inference``: no id, ``lineage_inference = false``: every request is a
   program of its own, as before inference.
 
@@ -32,7 +32,7 @@ number is simulated.
 What it shows (bench/results/lineage.json): inference keeps each conversation one program
 (its prefix hits match or pass explicit ids'), but its steps/min stay some 10% under
 explicit ids': a client that names its programs releases each at its end, while an
-inferred one holds its room until it has been quiet for a while (daemon/lineage.py).
+inferred one holds its room until it has been quiet for a while (daemon/core/lineage.py).
 Explicit ids that are never released measured within a few points of inference. Requests
 without any program (no inference) reach more steps/min than both at half the hit rate:
 on this workload the KV policy's holds and pauses cost more than the recompute they save.

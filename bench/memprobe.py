@@ -55,7 +55,7 @@ async def _marked(d: DaemonProcess, args: argparse.Namespace, marks: list[float]
 
 def _site(frames: tracemalloc.Traceback) -> str:
     ours = [f for f in frames if f.filename.startswith(str(ROOT))
-            and "/.venv/" not in f.filename and not f.filename.endswith("daemon/cli.py")]
+            and "/.venv/" not in f.filename and not f.filename.endswith("daemon/commands/cli.py")]
     frame = ours[-1] if ours else frames[-1]  # frames run oldest first
     name = frame.filename.removeprefix(str(ROOT) + "/").split("site-packages/")[-1]
     return f"{name}:{frame.lineno}"

@@ -22,7 +22,7 @@ class BenchKv(VllmDefaultPolicy):
 ''')
 
 ORDERING = ('''\
-from scheduling.ordering import KeyedPolicy
+from scheduling.slo.ordering import KeyedPolicy
 
 
 class BenchOrdering(KeyedPolicy):
@@ -33,7 +33,7 @@ class BenchOrdering(KeyedPolicy):
     def key(self, request):
         return (request.arrival_s,)
 ''', '''\
-from scheduling.ordering import KeyedPolicy
+from scheduling.slo.ordering import KeyedPolicy
 
 
 class BenchOrdering(KeyedPolicy):
@@ -46,7 +46,7 @@ class BenchOrdering(KeyedPolicy):
 ''')
 
 META = ('''\
-from scheduling.layer_policies import RulesMeta
+from scheduling.layers import RulesMeta
 
 
 class BenchMeta(RulesMeta):
@@ -54,8 +54,8 @@ class BenchMeta(RulesMeta):
 
     name = "bench-meta"
 ''', '''\
-from scheduling.layer_policies import RulesMeta
-from scheduling.meta import RuleThresholds
+from scheduling.layers import RulesMeta
+from scheduling.slo.meta import RuleThresholds
 
 
 class BenchMeta(RulesMeta):
@@ -68,7 +68,7 @@ class BenchMeta(RulesMeta):
 ''')
 
 ADMISSION = ('''\
-from scheduling.layer_policies import StateraAdmission
+from scheduling.layers import StateraAdmission
 
 
 class BenchAdmission(StateraAdmission):
@@ -76,7 +76,7 @@ class BenchAdmission(StateraAdmission):
 
     name = "bench-admission"
 ''', '''\
-from scheduling.layer_policies import StateraAdmission
+from scheduling.layers import StateraAdmission
 
 
 class BenchAdmission(StateraAdmission):

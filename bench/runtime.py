@@ -6,7 +6,7 @@
 Control scale. `I` instances (64 or 128; four agent types, a quarter each) hold `F` live
 calls (1,024 to 131,072): sessions of 16 parallel calls at one stage (0-3) of their
 graph, one call running per instance, the rest queued. Real local controllers
-(scheduling/control_local.py) hold them; "emulated" means nothing executes: the
+(scheduling/agents/local.py) hold them; "emulated" means nothing executes: the
 benchmark finishes a running call itself. Per global loop, with SRTF-by-stage
 installed: collect the view from every local controller, run the policy and validate
 its decisions, install them (set_priority re-keys the session's queued calls). Between
@@ -61,9 +61,9 @@ from typing import Any
 
 from bench.common import RESULTS, Stopwatch, log, save
 from daemon.policies.clock import cpu_time
-from scheduling.control import Directives, FutureStatus, GlobalController
-from scheduling.control_cluster import Cluster
-from scheduling.control_policies import SrtfByStage
+from scheduling.agents.cluster import Cluster
+from scheduling.agents.policies import SrtfByStage
+from scheduling.agents.policy import Directives, FutureStatus, GlobalController
 
 AGENTS = ("planner", "developer", "tester", "summariser")
 STAGES = len(AGENTS)

@@ -36,7 +36,7 @@ from typing import Any
 from bench.common import TRACES
 from bench.runtime_sim import Setup, Sim, pct, service_s, summary
 from daemon.engines.sim.cost import CostModel
-from scheduling.control import ControlPolicy, Route
+from scheduling.agents.policy import ControlPolicy, Route
 
 MOONCAKE = TRACES / "mooncake_fast25_conversation_trace.jsonl"
 BLOCK = 512  # tokens per hash id in the trace

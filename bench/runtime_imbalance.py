@@ -50,13 +50,13 @@ from bench import runtime_analyst, runtime_router
 from bench.common import RESULTS, Stopwatch, log, save
 from bench.runtime_sim import PERIOD_S, PROVISION_S, Setup
 from daemon.engines.sim.cost import CostModel, load_cost_model
-from scheduling.control import Combined, ControlPolicy
-from scheduling.control_policies import (
+from scheduling.agents.policies import (
     HeadOfLineMigration,
     LoadBalanced,
     ResourceReassignment,
     StaticRouting,
 )
+from scheduling.agents.policy import Combined, ControlPolicy
 
 COST_MODEL = "llama3-8b-h100"
 LOADS = (0.8, 1.0, 1.2, 1.3, 1.4)

@@ -25,7 +25,7 @@ from bench.common import TRACES
 from bench.runtime_sim import Setup, Sim, service_s, summary
 from daemon.engines.sim.cost import CostModel
 from daemon.replay.traces import load_azure
-from scheduling.control import ControlDecision, ControlPolicy, ControlView, kill, provision
+from scheduling.agents.policy import ControlDecision, ControlPolicy, ControlView, kill, provision
 
 CODE = TRACES / "azure2023_AzureLLMInferenceTrace_code.csv"
 CONV = TRACES / "azure2023_AzureLLMInferenceTrace_conv.csv"

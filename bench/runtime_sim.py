@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from daemon.engines.sim.cost import CostModel, prefill_pairs
-from scheduling.control import ControlPolicy, Directives, GlobalController
-from scheduling.control_cluster import Cluster
+from scheduling.agents.cluster import Cluster
+from scheduling.agents.policy import ControlPolicy, Directives, GlobalController
 
 PROVISION_S = 5.0
 PERIOD_S = 0.5

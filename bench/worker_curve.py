@@ -24,8 +24,9 @@ from typing import Any
 import zmq
 
 from bench.common import RESULTS, log, save
-from daemon import protocol, worker_curve
-from daemon.broker import Broker
+from daemon.workers import curve as worker_curve
+from daemon.workers import protocol
+from daemon.workers.broker import Broker
 
 KEY = "agw_bench-key-not-secret"
 PROMPT = "You are a careful agent. " * 40  # ~1 KB

@@ -27,46 +27,46 @@ class {cls}(StickyPolicy):
         return super().route(view, program_id, now)
 '''
 _ORDERING = '''\
-from scheduling.ordering import KeyedPolicy
+from scheduling.slo.ordering import KeyedPolicy
 
 
 class {cls}(KeyedPolicy):
-    """Order of the ready queue (scheduling/ordering.py: OrderingPolicy)."""
+    """Order of the ready queue (scheduling/slo/ordering.py: OrderingPolicy)."""
 
     name = {name_repr}
 
     def key(self, request):
-        # smallest key first; request is a scheduling.prediction.QueuedRequest
+        # smallest key first; request is a scheduling.slo.prediction.QueuedRequest
         return (request.arrival_s,)
 '''
 _META = '''\
-from scheduling.layer_policies import RulesMeta
+from scheduling.layers import RulesMeta
 
 
 class {cls}(RulesMeta):
-    """Picks the ordering policy (scheduling/layer_policies.py: MetaPolicy)."""
+    """Picks the ordering policy (scheduling/layers.py: MetaPolicy)."""
 
     name = {name_repr}
 
     def choose(self, view, now):
-        # view is a scheduling.views.LongView; return a scheduling.meta.Decision
+        # view is a scheduling.slo.views.LongView; return a scheduling.slo.meta.Decision
         return super().choose(view, now)
 '''
 _ADMISSION = '''\
-from scheduling.layer_policies import StateraAdmission
+from scheduling.layers import StateraAdmission
 
 
 class {cls}(StateraAdmission):
-    """Execution controls and admission (scheduling/layer_policies.py: AdmissionPolicy)."""
+    """Execution controls and admission (scheduling/layers.py: AdmissionPolicy)."""
 
     name = {name_repr}
 
     def controls(self, worker, utilisation, n_max, bypass):
-        # once per cycle per worker: scheduling.admission.ExecutionControls
+        # once per cycle per worker: scheduling.slo.admission.ExecutionControls
         return super().controls(worker, utilisation, n_max, bypass)
 
     def admit(self, request, worker, fence, controls):
-        # whether request may start on worker now: scheduling.admission.AdmissionDecision
+        # whether request may start on worker now: scheduling.slo.admission.AdmissionDecision
         return super().admit(request, worker, fence, controls)
 '''
 _UNKNOWN = '''\

@@ -12,21 +12,22 @@ from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
-from daemon import auth, data_dir, drain, interpreter_tuning, recovery
-from daemon.api import tenants
+from daemon.access import auth
+from daemon.api import drain, tenants
 from daemon.api.errors import EXCEPTION_HANDLERS, ErrorSchemaPlugin
 from daemon.api.gateway import GatewayController
+from daemon.api.limits import Limits
 from daemon.api.policies_api import install_policies
 from daemon.api.responses import ResponsesController
 from daemon.api.rest import OperatorController, OpsController, RestController
 from daemon.api.scheduling_api import SchedulingController
 from daemon.api.tools_api import ToolsController
+from daemon.api.workflows_wiring import install_workflows
 from daemon.config import Config
-from daemon.core import Core
-from daemon.limits import Limits
-from daemon.runtime.wiring import install_workflows
-from daemon.supervisor import Supervisor
-from daemon.tool_service import ToolService
+from daemon.core import data_dir, interpreter_tuning, recovery
+from daemon.core.core import Core
+from daemon.toolsvc.service import ToolService
+from daemon.workers.supervisor import Supervisor
 from db.engine import make_engine, make_sessionmaker, upgrade
 from db.writer import BatchWriter
 from webui import create_ui_router

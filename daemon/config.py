@@ -40,7 +40,7 @@ class Config:
     heartbeat_timeout_s: float = 3.0
     queue_timeout_s: float = 60.0  # a queued request fails after this long with no worker
     # A running request moves to another worker after this long without a token while its
-    # worker's engine does not step either (daemon/worker_watch.py); 0 = off.
+    # worker's engine does not step either (daemon/workers/watch.py); 0 = off.
     request_stall_timeout_s: float = 30.0
     # ... or after this long without a token at all, even if the engine steps; 0 = off.
     request_progress_timeout_s: float = 600.0
@@ -50,8 +50,8 @@ class Config:
     # Bound on a ready program's wait for KV; longer trades that bound for throughput
     # (bench/kv.py ablation: 30 s -> 1.10x vllm-default at 256 programs, no limit -> 1.88x).
     kv_force_resume_s: float = 30.0
-    # SLO scheduling (daemon/slo_settings.py): the policies each layer starts with.
-    ordering_policy: str = "fcfs"  # a pool policy of scheduling/ordering.py
+    # SLO scheduling (daemon/slo/settings.py): the policies each layer starts with.
+    ordering_policy: str = "fcfs"  # a pool policy of scheduling/slo/ordering.py
     meta_policy: str = "meta-rules"  # meta-rules | meta-bandit | meta-llm | off | a pool policy
     meta_interval_s: float = 2.0
     admission_policy: str = "statera"  # statera | unbounded
@@ -87,7 +87,7 @@ class Config:
     # and the daemon never reads more than this (plus room for a failure's report).
     max_result_bytes: int = 1024 * 1024
     # A chat request without a program_id whose messages extend an earlier request's
-    # messages plus its reply joins that request's program (daemon/lineage.py); such a
+    # messages plus its reply joins that request's program (daemon/core/lineage.py); such a
     # program, and a Responses API chain's, ends after this long without a request.
     lineage_inference: bool = True
     lineage_idle_s: float = 120.0
@@ -189,7 +189,7 @@ def validate(cfg: Config) -> None:
     if cfg.kv_policy not in KV_POLICIES:
         raise ConfigError(
             f"kv_policy must be one of {', '.join(sorted(KV_POLICIES))}, got {cfg.kv_policy!r}")
-    from daemon.slo_settings import config_problem
+    from daemon.slo.settings import config_problem
 
     problem = config_problem(cfg)
     if problem is not None:

@@ -10,7 +10,7 @@ import asyncio
 import enum
 from dataclasses import dataclass, field
 
-from daemon.protocol import (
+from daemon.workers.protocol import (
     ChatMessage,
     Finish,
     MessageDelta,
@@ -78,7 +78,7 @@ class ProgramState:
     steps: int = 0
     pinned: bool = False
     active_request: str | None = None
-    # KV scheduling bookkeeping (see daemon/kv_control.py).
+    # KV scheduling bookkeeping (see daemon/kv/loop.py).
     ready_request: str | None = None  # queued, waiting for admission or restore
     ready_since: float | None = None
     acting_since: float | None = None

@@ -81,7 +81,7 @@ class DaemonProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.data_dir / f"daemon-{int(time.time() * 1000)}.log"
         env = self.process_env()
-        cmd = [sys.executable, "-m", "daemon.cli", "start", "--port", str(self.port),
+        cmd = [sys.executable, "-m", "daemon.commands.cli", "start", "--port", str(self.port),
                "--data-dir", str(self.data_dir), "--workers", str(self.workers),
                "--engine", self.engine, *self.extra_args]
         with open(self.log_path, "wb") as log:
@@ -97,7 +97,7 @@ class DaemonProcess:
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run `agentd ARGS --data-dir <this daemon's>` (e.g. `token create ...`)."""
-        cmd = [sys.executable, "-m", "daemon.cli", *args, "--data-dir", str(self.data_dir)]
+        cmd = [sys.executable, "-m", "daemon.commands.cli", *args, "--data-dir", str(self.data_dir)]
         return subprocess.run(cmd, env=self.process_env(), capture_output=True, text=True,
                               timeout=60)
 

@@ -11,8 +11,9 @@ from typing import Any
 import httpx
 import zmq
 
-from daemon import protocol, worker_curve
-from daemon.worker_key import key_path
+from daemon.workers import curve as worker_curve
+from daemon.workers import protocol
+from daemon.workers.key import key_path
 from tests.daemon_process import DaemonProcess
 from tests.waiting import wait_for
 

@@ -4,9 +4,9 @@ manager and reconciliation. See `tools.manager` for the entry point."""
 from tools.base import Environment, ExecResult, Resource
 from tools.docker_backend import DockerBackend
 from tools.errors import Reason, ToolError
-from tools.gc import reconcile
 from tools.manager import ToolManager
 from tools.process_backend import ProcessBackend
+from tools.reclaim import reconcile
 from tools.spec import SpecError, ToolSpec, merge_spec, parse_spec, parse_table
 
 __all__ = [

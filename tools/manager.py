@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tools import gc
+from tools import reclaim
 from tools.base import Backend, Environment, ExecResult, Owner, as_argv
 from tools.errors import Reason, ToolError
 from tools.metrics import ToolMetrics
@@ -54,7 +54,7 @@ class ToolManager:
         backends: Mapping[str, Backend],
         *,
         catalog: Mapping[str, ToolSpec] | None = None,
-        on_event: gc.EventSink | None = None,
+        on_event: reclaim.EventSink | None = None,
     ) -> None:
         """`backends` by kind ("docker", "process"); `catalog`: configured tools by name."""
         self.daemon_id = daemon_id
@@ -156,7 +156,7 @@ class ToolManager:
 
     async def _prepare(self, backend: Backend, owner: Owner, spec: ToolSpec) -> Environment:
         base = {"program_id": owner.program_id, "tool": spec.name, "backend": backend.kind}
-        gc.emit(self._on_event, "tool.prepare.start", **base)
+        reclaim.emit(self._on_event, "tool.prepare.start", **base)
         start = time.monotonic()
         try:
             env = await self._create_and_setup(backend, owner, spec)
@@ -181,7 +181,7 @@ class ToolManager:
         duration = time.monotonic() - start
         self.counters.prepares[str(reason)] += 1
         self.counters.prepare_seconds.observe(duration)
-        gc.emit(
+        reclaim.emit(
             self._on_event,
             "tool.prepare.end",
             **base,
@@ -236,7 +236,7 @@ class ToolManager:
         A non-zero exit, a timeout or an OOM kill is a result; a broken environment raises."""
         exec_id = next(self._exec_ids)
         base = {"program_id": program_id, "tool": tool, "exec_id": exec_id}
-        gc.emit(self._on_event, "tool.exec.start", **base)
+        reclaim.emit(self._on_event, "tool.exec.start", **base)
         start = time.monotonic()
         try:
             env = await self.acquire(program_id, tool, spec)
@@ -248,7 +248,7 @@ class ToolManager:
         except ToolError as exc:
             _tag(exc, program_id, tool)
             self.counters.execs[str(exc.reason)] += 1
-            gc.emit(
+            reclaim.emit(
                 self._on_event,
                 "tool.exec.end",
                 **base,
@@ -264,12 +264,12 @@ class ToolManager:
         except asyncio.CancelledError:
             # The caller went away (a client disconnect): every start still gets its end,
             # or whoever tracks running tools would think this one runs forever.
-            gc.emit(self._on_event, "tool.exec.end", **base, ok=False, reason="cancelled",
+            reclaim.emit(self._on_event, "tool.exec.end", **base, ok=False, reason="cancelled",
                     exit_code=None, duration_s=time.monotonic() - start)
             raise
         self.counters.execs[str(result.reason)] += 1
         self.counters.exec_seconds.observe(result.duration_s)
-        gc.emit(
+        reclaim.emit(
             self._on_event,
             "tool.exec.end",
             **base,
@@ -323,7 +323,7 @@ class ToolManager:
         try:
             found = await backend.resources(self.daemon_id, program_id)
         except ToolError as exc:
-            gc.emit(
+            reclaim.emit(
                 self._on_event,
                 "tool.release",
                 program_id=program_id,
@@ -335,15 +335,15 @@ class ToolManager:
             )
             return []
         mine = [r for r in found if tool is None or r.owner.tool == tool]
-        done = await gc.reclaim(backend, mine, self._on_event, why)
+        done = await reclaim.reclaim(backend, mine, self._on_event, why)
         self.counters.releases.update(d["resource"] for d in done if d["ok"])
         return done
 
     async def reconcile(
-        self, live_programs: gc.LivePrograms, *, dry_run: bool = False
+        self, live_programs: reclaim.LivePrograms, *, dry_run: bool = False
     ) -> list[dict[str, Any]]:
-        """Reclaim this daemon's resources whose program is not live; see `tools.gc`."""
-        done = await gc.reconcile(
+        """Reclaim this daemon's resources whose program is not live; see `tools.reclaim`."""
+        done = await reclaim.reconcile(
             self.daemon_id,
             list(self._backends.values()),
             live_programs,

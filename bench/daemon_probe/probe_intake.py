@@ -51,7 +51,7 @@ def install_intake(out: IO[str]) -> Intake:
 
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    from daemon.core import Core
+    from daemon.core.core import Core
     from daemon.state import RequestStatus
 
     intake = Intake(out)

@@ -18,7 +18,7 @@ daemon, `worker`):
   when the loop read its HTTP headers, when it was queued, when it was dispatched and
   whether by its own submit or by a later pump (a slot opened);
 - in the daemon, when the app stops: {"exit": {"frozen", "thaws", "garbage_found"}}:
-  the objects frozen then (daemon/interpreter_tuning.py), how often they were thawed
+  the objects frozen then (daemon/core/interpreter_tuning.py), how often they were thawed
   for a full walk, and the unreachable objects a full collection finds once they are
   unfrozen (cyclic garbage that waited frozen, plus the young generations' garbage);
 - in the daemon, each bearer-token lookup that went to the store (`TokenAuth._record`
@@ -104,7 +104,7 @@ def _timed_await(probe: _Probe, what: str, method: Callable[..., Any]) -> Callab
 
 
 def _probe_release(probe: _Probe) -> None:
-    from daemon import interpreter_tuning
+    from daemon.core import interpreter_tuning
 
     release = interpreter_tuning.release_on_stop
 
@@ -124,10 +124,10 @@ def _install(directory: str) -> None:
     from probe_intake import install_intake
     from probe_loop_watch import LoopWatch
 
-    from daemon.auth import TokenAuth
-    from daemon.core import Core
-    from daemon.kv_control import KvControl
-    from daemon.slo_control import SloControl
+    from daemon.access.auth import TokenAuth
+    from daemon.core.core import Core
+    from daemon.kv.loop import KvControl
+    from daemon.slo.stack import SloControl
 
     SloControl.tick = _timed_tick(probe, "slo", SloControl.tick)  # type: ignore[method-assign]
     KvControl.tick = _timed_tick(probe, "kv", KvControl.tick)  # type: ignore[method-assign]

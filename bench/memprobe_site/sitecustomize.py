@@ -6,7 +6,7 @@ In the daemon it starts tracemalloc at once (startup allocations are traced too)
 installs a SIGUSR2 handler that writes <dir>/<n>.snap (a tracemalloc snapshot) and
 <n>.json: RSS, glibc's mallinfo2, counts by type of the objects the collector tracks
 and the summed sizes of every container attribute of agentd objects ("module.Class.attr":
-items). The daemon freezes its startup objects (daemon/interpreter_tuning.py), which
+items). The daemon freezes its startup objects (daemon/core/interpreter_tuning.py), which
 gc.get_objects() does not list: the counts are of objects made while serving (where growth
 is), and agentd objects are found by walking from the event loop's tasks' frames through
 agentd objects' attributes and the containers they hold. The walk stays small on purpose:
@@ -24,7 +24,7 @@ def _is_daemon() -> bool:
             argv = f.read().split(b"\0")
     except OSError:
         return False
-    return b"daemon.cli" in argv and b"start" in argv
+    return b"daemon.commands.cli" in argv and b"start" in argv
 
 
 if os.environ.get("AGENTD_MEMPROBE_DIR") and _is_daemon():

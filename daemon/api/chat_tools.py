@@ -23,10 +23,10 @@ from typing import Any
 
 import msgspec
 
-from daemon import protocol
-from daemon.api.errors import ApiError
-from daemon.core import Core
-from daemon.protocol import Finish, MessageDelta, ToolCall, ToolCallDelta, Tools
+from daemon.core.core import Core
+from daemon.errors import ApiError
+from daemon.workers import protocol
+from daemon.workers.protocol import Finish, MessageDelta, ToolCall, ToolCallDelta, Tools
 
 # OpenAI's rule for function names; the engines' parsers and templates rely on it too.
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")

@@ -20,7 +20,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.plugins import ReceiveRoutePlugin
 from litestar.routes import BaseRoute, HTTPRoute
 
-from daemon.core import CoreError
+from daemon.errors import ApiError, CoreError
 from daemon.policies.registry import PolicyError
 
 log = logging.getLogger("agentd.api")
@@ -29,19 +29,6 @@ T = TypeVar("T")
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 409: "conflict_error", 413: "invalid_request_error",
           429: "rate_limit_error", 503: "service_unavailable"}
-
-
-class ApiError(Exception):
-    def __init__(
-        self, status: int, message: str, code: str = "invalid_request", param: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-        self.param = param
-        self.headers = headers or {}
 
 
 def error_body(status: int, message: str, code: str, param: str | None = None) -> dict[str, Any]:
@@ -124,7 +111,7 @@ class ErrorSchemaPlugin(ReceiveRoutePlugin):
     def receive_route(self, route: BaseRoute) -> None:
         if not isinstance(route, HTTPRoute):
             return
-        from daemon.auth import PUBLIC, declared_scopes  # auth imports this module
+        from daemon.access.auth import PUBLIC, declared_scopes  # auth imports this module
 
         for handler in route.route_handlers:
             codes: list[Any] = [400, "4XX"]

@@ -3,7 +3,7 @@
 A client opts into program-aware scheduling with `program_id` / `session_id`
 (body fields, so `extra_body` works, or X-Program-Id / X-Session-Id headers).
 Without them a chat request whose messages extend an earlier request's messages and
-reply joins that request's program (lineage inference, daemon/lineage.py); any other
+reply joins that request's program (lineage inference, daemon/core/lineage.py); any other
 request is a program of its own, released when it ends, unless a later one may join it.
 """
 
@@ -17,18 +17,19 @@ import msgspec
 from litestar import Controller, Request, Response, get, post
 from litestar.response import Stream
 
+from daemon.access.auth import READ, SUBMIT, principal_of, run_program
 from daemon.api import chat_tools
 from daemon.api.chat_tools import ChatTool, InToolCall, NamedChoice
-from daemon.api.errors import ApiError, decode_body, error_body
+from daemon.api.errors import decode_body, error_body
 from daemon.api.ids import id_problem
+from daemon.api.limits import admit
 from daemon.api.logprobs import MAX_TOP_LOGPROBS, chat_logprobs, completion_logprobs
 from daemon.api.tenants import access_of, check_program, check_session, request_tenant
-from daemon.auth import READ, SUBMIT, principal_of, run_program
-from daemon.core import Core
-from daemon.limits import admit
-from daemon.protocol import ChatMessage, Finish, SamplingParams
+from daemon.core.core import Core
+from daemon.core.tenants import open_program
+from daemon.errors import ApiError
 from daemon.state import ProgramState, ProgramStatus, RequestState, StreamItem
-from daemon.tenancy import open_program
+from daemon.workers.protocol import ChatMessage, Finish, SamplingParams
 from db.writer import NotDurable
 
 _json = msgspec.json.Encoder()
@@ -111,7 +112,7 @@ class _Common(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     program_id: str | None = None
     session_id: str | None = None
     priority: Priority = 0
-    tenant: str | None = None  # operator tokens only (daemon/tenancy.py); or X-Tenant
+    tenant: str | None = None  # operator tokens only (daemon/core/tenants.py); or X-Tenant
     # Declared to be refused unless at their no-op value (_UNSUPPORTED).
     n: int | None = None
     logit_bias: dict[str, float] | None = None
@@ -499,7 +500,7 @@ NOT_RECORDED = "the completion finished but the store could not record it; retry
 
 async def _finish_recorded(core: Core, since: int) -> bool:
     """Whether the request's finish is committed: its row and its program's status, the
-    two that crash recovery reads (daemon/recovery.py), were enqueued before the finish
+    two that crash recovery reads (daemon/core/recovery.py), were enqueued before the finish
     reached the reply. A reply waits for this, so a crash never records an answered
     completion as interrupted; many replies share one commit (BatchWriter.durable)."""
     try:
@@ -512,5 +513,5 @@ async def _finish_recorded(core: Core, since: int) -> bool:
 def _release_quietly(core: Core, program_id: str) -> None:
     program = core.programs.get(program_id)
     if program is not None and program.active_request is None \
-            and not core.lineage.holds(program_id):  # it ends when idle (daemon/lineage.py)
+            and not core.lineage.holds(program_id):  # it ends when idle (daemon/core/lineage.py)
         core.set_program_status(program, ProgramStatus.STOPPED, "single-request program ended")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from daemon.protocol import TokenLogprob
+from daemon.workers.protocol import TokenLogprob
 
 # vLLM's default max_logprobs: an engine refuses more alternatives than this.
 MAX_TOP_LOGPROBS = 20

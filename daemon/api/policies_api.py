@@ -7,8 +7,9 @@ from typing import Annotated, Any
 import msgspec
 from litestar import Controller, Litestar, Request, get, post, put
 
-from daemon.api.errors import ApiError, decode_body
-from daemon.auth import OPERATOR, READ, principal_of
+from daemon.access.auth import OPERATOR, READ, principal_of
+from daemon.api.errors import decode_body
+from daemon.errors import ApiError
 from daemon.policies.registry import PolicyService
 
 MAX_SOURCE_CHARS = 200_000

@@ -22,8 +22,8 @@ import msgspec
 
 from daemon.api import chat_tools
 from daemon.api.chat_tools import FunctionSpec
-from daemon.api.errors import ApiError
-from daemon.protocol import ChatMessage, Finish, ToolCall, Tools
+from daemon.errors import ApiError
+from daemon.workers.protocol import ChatMessage, Finish, ToolCall, Tools
 
 ROLES = ("user", "system", "developer", "assistant")
 S = TypeVar("S", bound=msgspec.Struct)

@@ -13,8 +13,8 @@ from typing import Any
 import msgspec
 
 from daemon.api.response_items import Output, call_item, message_item, output_text
-from daemon.protocol import ToolCall, ToolCallDelta, Tools
 from daemon.state import StreamItem
+from daemon.workers.protocol import ToolCall, ToolCallDelta, Tools
 
 _json = msgspec.json.Encoder()
 

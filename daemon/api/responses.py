@@ -11,7 +11,7 @@ Program identity needs no extension field: a chain of responses linked by
 `previous_response_id` is one program. A response continues its previous one's program
 while that is live and idle (two responses continuing one at once: the second gets a new
 program in the same session), else a new program in the previous one's session. Such a
-program ends when idle (daemon/lineage.py, `lineage_idle_s`). A first response is
+program ends when idle (daemon/core/lineage.py, `lineage_idle_s`). A first response is
 matched by lineage inference like a chat request (a client that sends the whole history
 with `store` off); `X-Program-Id` / `X-Session-Id` name a program as for chat.
 
@@ -30,8 +30,8 @@ from litestar import Controller, Request, Response, delete, get, post
 from litestar.response import Stream
 from sqlalchemy import delete as sql_delete
 
+from daemon.access.auth import READ, SUBMIT
 from daemon.api import chat_tools, response_items
-from daemon.api.errors import ApiError
 from daemon.api.gateway import (
     NOT_RECORDED,
     MaxTokens,
@@ -44,16 +44,16 @@ from daemon.api.gateway import (
     _sampling,
     decode_request,
 )
+from daemon.api.limits import admit
 from daemon.api.response_items import FunctionTool, NamedChoice, Output
 from daemon.api.response_stream import Events
 from daemon.api.tenants import access_of, check_response, request_tenant
-from daemon.auth import READ, SUBMIT
-from daemon.core import Core
-from daemon.limits import admit
-from daemon.lineage import Asked, prefix_digests
-from daemon.protocol import ChatMessage, Finish, Tools
+from daemon.core.core import Core
+from daemon.core.lineage import Asked, prefix_digests
+from daemon.core.tenants import open_program
+from daemon.errors import ApiError
 from daemon.state import ProgramState, ProgramStatus, RequestState, StreamItem
-from daemon.tenancy import open_program
+from daemon.workers.protocol import ChatMessage, Finish, Tools
 from db import models
 
 

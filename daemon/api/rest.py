@@ -9,11 +9,12 @@ import msgspec
 from litestar import Controller, MediaType, Request, Response, get, post
 from litestar.params import Parameter
 
-from daemon import operations
-from daemon.api.errors import ApiError, decode_body
+from daemon.access.auth import OPERATOR, PUBLIC, READ, SUBMIT, principal_of
+from daemon.api.errors import decode_body
 from daemon.api.tenants import access_of
-from daemon.auth import OPERATOR, PUBLIC, READ, SUBMIT, principal_of
-from daemon.core import Core
+from daemon.core import operations
+from daemon.core.core import Core
+from daemon.errors import ApiError
 from daemon.metrics import Exposition
 from daemon.state import WorkerState
 from db import repositories as repo

@@ -18,10 +18,10 @@ from litestar import Controller, Request, get
 from litestar.params import Parameter
 from sqlalchemy import or_, select
 
-from daemon.api.errors import ApiError
+from daemon.access.auth import READ
 from daemon.api.tenants import access_of
-from daemon.auth import READ
-from daemon.core import Core
+from daemon.core.core import Core
+from daemon.errors import ApiError
 from db import models
 from db.repositories import as_dict
 

@@ -1,5 +1,5 @@
 """The tenancy rule at the API boundary, in one place (the scheduling side of tenants is
-daemon/tenancy.py).
+daemon/core/tenants.py).
 
 Who a request runs as (`request_tenant`): its token's tenant, or the tenant an operator
 names; a run's token runs as its run's session's tenant.
@@ -34,16 +34,16 @@ from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 from sqlalchemy import select
 
-from daemon.api.errors import ApiError
-from daemon.auth import OPERATOR, Principal, principal_of
+from daemon.access.auth import OPERATOR, Principal, principal_of
+from daemon.access.names import DEFAULT_TENANT, tenant_problem
+from daemon.errors import ApiError
 from daemon.runtime import run_records
-from daemon.tenant_names import DEFAULT_TENANT, tenant_problem
 from db import models
 
 if TYPE_CHECKING:
     from litestar import Request
 
-    from daemon.core import Core
+    from daemon.core.core import Core
 
 TENANT_HEADER = "X-Tenant"
 TENANT_FIELD = "tenant"
@@ -69,7 +69,7 @@ EVERYTHING = Access(None)
 
 async def request_tenant(request: Request[Any, Any, Any], core: Core,
                          body_tenant: str | None) -> str:
-    """The tenant a request runs as (rules: the module docstring, daemon/tenancy.py)."""
+    """The tenant a request runs as (rules: daemon/core/tenants.py's docstring)."""
     field, explicit = TENANT_FIELD, body_tenant
     if explicit is None and TENANT_HEADER.lower() in request.headers:
         field, explicit = TENANT_HEADER, request.headers[TENANT_HEADER.lower()]

@@ -9,14 +9,15 @@ from typing import Any
 import msgspec
 from litestar import Controller, Request, Response, get, post
 
-from daemon.api.errors import ApiError, decode_body, error_body
+from daemon.access.auth import OPERATOR, READ, SUBMIT, principal_of
+from daemon.api.errors import decode_body, error_body
 from daemon.api.ids import id_problem
 from daemon.api.tenants import access_of, check_program, program_owners, request_tenant
-from daemon.auth import OPERATOR, READ, SUBMIT, principal_of
-from daemon.core import Core
-from daemon.operations import live_program
-from daemon.tenancy import open_program
-from daemon.tool_service import ToolService
+from daemon.core.core import Core
+from daemon.core.operations import live_program
+from daemon.core.tenants import open_program
+from daemon.errors import ApiError
+from daemon.toolsvc.service import ToolService
 from tools import ToolError
 
 MAX_EXEC_TIMEOUT_S = 3600.0

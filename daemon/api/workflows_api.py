@@ -22,22 +22,23 @@ import msgspec
 from litestar import Controller, Request, delete, get, post, put
 from litestar.response import Stream
 
-from daemon.api.errors import ApiError, decode_body
+from daemon.access.auth import OPERATOR, READ, SUBMIT, principal_of
+from daemon.api.errors import decode_body
 from daemon.api.ids import id_problem
 from daemon.api.policies_api import MAX_VERSION
 from daemon.api.policies_api import service as policy_service
 from daemon.api.tenants import access_of, check_session, request_tenant, session_owners
-from daemon.auth import OPERATOR, READ, SUBMIT, principal_of
+from daemon.errors import ApiError
 from daemon.policies.registry import PolicyService
 from daemon.runtime import bundle_tools, run_records
 from daemon.runtime.bundles import BundleError
-from daemon.runtime.control import ControlLoop, ControlReport
+from daemon.runtime.global_controller import ControlLoop, ControlReport
 from daemon.runtime.runs import MAX_EVENTS, Run, RunController
-from daemon.tool_service import ToolService
+from daemon.toolsvc.service import ToolService
 from tools import ToolError, ToolSpec
 
 STATE_KEY = "agentd.runs"
-CONTROL_KEY = "agentd.control"
+CONTROL_KEY = "agentd.instances"
 MAX_EVENTS_PER_POST = 1000
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from daemon.protocol import Finish, Submit, TokenDelta, ToolSupport, WorkerStats
+from daemon.workers.protocol import Finish, Submit, TokenDelta, ToolSupport, WorkerStats
 
 
 class Engine(Protocol):

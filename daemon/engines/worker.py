@@ -5,9 +5,9 @@ request, and sends a heartbeat with the engine's stats on the interval the
 daemon asked for. If the daemon goes away the worker keeps retrying to
 register, so a restarted daemon gets its workers back without operator action;
 a worker the daemon's supervisor started dies with that daemon instead
-(daemon/local_workers.py).
+(daemon/workers/local.py).
 On a network endpoint the socket is a CurveZMQ client of a server key derived from the
-worker key (daemon/worker_curve.py); a daemon that fails the handshake (it holds another key,
+worker key (daemon/workers/curve.py); a daemon that fails the handshake (it holds another key,
 or does not encrypt) ends the worker with one line, as a refused registration does.
 """
 
@@ -24,10 +24,11 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from daemon import protocol, worker_curve
 from daemon.engines.base import Engine
-from daemon.local_workers import die_with_daemon
-from daemon.protocol import Abort, Finish, RegisterAck, Shutdown, Submit
+from daemon.workers import curve as worker_curve
+from daemon.workers import protocol
+from daemon.workers.local import die_with_daemon
+from daemon.workers.protocol import Abort, Finish, RegisterAck, Shutdown, Submit
 
 log = logging.getLogger("agentd.worker")
 
@@ -42,7 +43,7 @@ class WorkerRuntime:
                  key: str = "") -> None:
         self.engine = engine
         self.connect = connect
-        self.key = key  # the daemon's worker key (daemon/worker_key.py)
+        self.key = key  # the daemon's worker key (daemon/workers/key.py)
         self.worker_id = worker_id or f"{engine.engine}-{uuid.uuid4().hex[:8]}"
         self._ctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None

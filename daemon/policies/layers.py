@@ -2,7 +2,7 @@
 
 Generic over layers (see daemon/policies/layer_spec.py): `kv` is defined here, the SLO
 layers `ordering`, `meta` and `admission` in daemon/policies/slo_layers.py, the global
-controller's `control` in daemon/policies/control_layer.py.
+controller's `control` in daemon/policies/agents_layer.py.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from daemon.policies.control_layer import CONTROL_LAYER
+from daemon.policies.agents_layer import CONTROL_LAYER
 from daemon.policies.layer_spec import DryCall, Layer
 from daemon.policies.slo_layers import SLO_LAYERS
 from scheduling.kv import (

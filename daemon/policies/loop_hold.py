@@ -10,6 +10,7 @@ thread can be descheduled mid-step, which says nothing about the call.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Coroutine, Generator
@@ -125,3 +126,14 @@ async def with_hold(what: str, coro: Coroutine[Any, Any, dict[str, Any]]) -> dic
                     "to %s", what, hold.cpu_less_gc_s * 1000, LOOP_HOLD_BUDGET_S * 1000,
                     *hold.cpu_step)
     return {**answer, "loop_hold": hold.to_dict()}
+
+
+async def stepped(steps: Generator[None, None, T]) -> T:
+    """Drive a stepped computation on the loop, letting everything ready run between two
+    steps; its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        await asyncio.sleep(0)

@@ -30,7 +30,7 @@ from daemon.policies.validate import Report, filename_for, load_class, validate
 from db import models
 
 if TYPE_CHECKING:
-    from daemon.core import Core
+    from daemon.core.core import Core
 
 log = logging.getLogger("agentd.policies")
 BUILTIN = "builtin"

@@ -1,8 +1,8 @@
 """The SLO scheduling layers as stored-policy layers: ordering, meta and admission.
 
-Each has its interface (scheduling/ordering.py, scheduling/layer_policies.py), its
+Each has its interface (scheduling/slo/ordering.py, scheduling/layers.py), its
 built-ins, dry-run calls that check a policy keeps its contract on a snapshot, a fixed
-sample snapshot, and the daemon's live snapshot (daemon/slo_control.py hosts all three);
+sample snapshot, and the daemon's live snapshot (daemon/slo/stack.py hosts all three);
 the meta layer's is built off the event loop.
 """
 
@@ -14,17 +14,32 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import scheduling.ordering
+import scheduling.slo.ordering
 from daemon.policies.layer_spec import DryCall, Layer
-from daemon.slo_long_view import stepped
-from daemon.slo_settings import startup_policy
-from scheduling.admission import AdmissionDecision, AdmissionFence, ExecutionControls
-from scheduling.layer_policies import ADMISSION_POLICIES, META_POLICIES, AdmissionPolicy
-from scheduling.meta import Decision, MetaPolicy
-from scheduling.ordering import OrderingPolicy, default_registry
-from scheduling.prediction import QueuedRequest
-from scheduling.slo_templates import TABLE_6, TaskType
-from scheduling.views import LongView, ViewBuilder
+from daemon.policies.loop_hold import stepped
+from scheduling.layers import ADMISSION_POLICIES, META_POLICIES, AdmissionPolicy
+from scheduling.slo.admission import AdmissionDecision, AdmissionFence, ExecutionControls
+from scheduling.slo.meta import Decision, MetaPolicy
+from scheduling.slo.meta_llm import LlmMeta
+from scheduling.slo.ordering import OrderingPolicy, default_registry
+from scheduling.slo.prediction import QueuedRequest
+from scheduling.slo.templates import TABLE_6, TaskType
+from scheduling.slo.views import LongView, ViewBuilder
+
+ORDERING_POOL = default_registry().names()
+META_OFF = "off"
+META_ALIASES = {"llm": LlmMeta.name}
+
+
+def startup_policy(config: Any, layer: str) -> str:
+    """The built-in a layer starts with when the store has none active."""
+    meta: str = META_ALIASES.get(config.meta_policy, config.meta_policy)
+    if layer == "ordering":
+        return meta if meta in ORDERING_POOL else config.ordering_policy
+    if layer == "meta":
+        return "meta-off" if meta == META_OFF or meta in ORDERING_POOL else meta
+    return str(config.admission_policy)
+
 
 _POOL = default_registry()
 ORDERING_BUILTINS: dict[str, Callable[[], OrderingPolicy]] = {
@@ -96,7 +111,7 @@ def meta_dry_calls(views: Sequence[LongView], now: float) -> list[DryCall]:
         def call(p: Any) -> str | None:
             d = p.choose(view, now)
             if not isinstance(d, Decision) or not isinstance(d.policy_name, str):
-                return f"choose must return a scheduling.meta.Decision, got {d!r}"
+                return f"choose must return a scheduling.slo.meta.Decision, got {d!r}"
             if not isinstance(d.reason, str):
                 return "choose must give its reason as a string"
             return None
@@ -133,7 +148,7 @@ def live_long_views(core: Any) -> LongView | tuple[ViewBuilder, float]:
 
 async def build_long_views(taken: LongView | tuple[ViewBuilder, float]
                            ) -> tuple[LongView, ...]:
-    """On the loop in steps, as the meta loop's own builds (daemon/slo_long_view.py): a
+    """On the loop in steps, as the meta loop's own builds (daemon/slo/long_view.py): a
     worker thread would take the GIL from the dispatches in 5 ms bites."""
     if isinstance(taken, LongView):
         return (taken,)
@@ -198,7 +213,7 @@ SLO_LAYERS: dict[str, Layer] = {
         "ordering", OrderingPolicy, ("push", "pop", "peek", "drain"), ORDERING_BUILTINS,
         ordering_dry_calls, sample=sample_requests,
         live=lambda core: core.slo.ordered.snapshot(LIVE_LIMIT), install=_hosted("ordering"),
-        default=_default("ordering"), source_module=scheduling.ordering),
+        default=_default("ordering"), source_module=scheduling.slo.ordering),
     "meta": Layer(
         "meta", MetaPolicy, ("choose", "on_applied"), META_POLICIES, meta_dry_calls,
         sample=sample_long_views, live=live_long_views, build=build_long_views,

@@ -20,7 +20,7 @@ from daemon.replay.synthetic import synthetic_programs
 from daemon.replay.traces import FORMATS, TraceError, load_azure, load_trace, scale_arrivals
 from daemon.replay.workload import ProgramSpec
 from scheduling.kv import KV_POLICIES, make_kv_policy
-from scheduling.slo_templates import TABLE_6, Slo, SloTable, TaskType
+from scheduling.slo.templates import TABLE_6, Slo, SloTable, TaskType
 
 AZURE_TASKS = {"code": TaskType.CODE_GENERATION.value, "conv": TaskType.DIALOGUE.value}
 

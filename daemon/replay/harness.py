@@ -47,7 +47,7 @@ from scheduling.kv import (
     Restore,
     WorkerView,
 )
-from scheduling.slo_templates import TABLE_6, SloTable, TaskType
+from scheduling.slo.templates import TABLE_6, SloTable, TaskType
 
 _START, _READY, _DONE, _KV_TICK, _SLO_TICK = range(5)
 # Past any run here (8.4M tokens): what "unlimited" means for the no-thrash bound.

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduling import slo_metrics
-from scheduling.slo_metrics import CompletionRecord
+from scheduling.slo import metrics as slo_metrics
+from scheduling.slo.metrics import CompletionRecord
 
 
 @dataclass(slots=True)

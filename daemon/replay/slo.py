@@ -34,7 +34,7 @@ from daemon.replay.slo_stacks import (
     slo_stack,
 )
 from daemon.replay.worker import SimWorker
-from scheduling.admission import (
+from scheduling.slo.admission import (
     AdmissionFence,
     Band,
     ConcurrencyController,
@@ -44,7 +44,7 @@ from scheduling.admission import (
     TokenBudgetController,
     kv_demand,
 )
-from scheduling.meta import (
+from scheduling.slo.meta import (
     ContextualBandit,
     LlmSelector,
     MetaLoop,
@@ -53,17 +53,17 @@ from scheduling.meta import (
     RuleMap,
     Switch,
 )
-from scheduling.ordering import RequestQueue, default_registry, switch
-from scheduling.prediction import CostModel as CostProxy
-from scheduling.prediction import (
+from scheduling.slo.ordering import RequestQueue, default_registry, switch
+from scheduling.slo.prediction import CostModel as CostProxy
+from scheduling.slo.prediction import (
     LengthPredictor,
     Perceiver,
     QueuedRequest,
     RequestSpec,
     TaskTagger,
 )
-from scheduling.slo_templates import SloTable, TaskType
-from scheduling.views import ViewBuilder, percentile
+from scheduling.slo.templates import SloTable, TaskType
+from scheduling.slo.views import ViewBuilder, percentile
 
 __all__ = ["GATE_STEPS", "ORDERINGS", "SloLayer", "SloStack", "slo_stack"]
 

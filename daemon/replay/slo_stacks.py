@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from scheduling.meta import SERVING_GUARD, SERVING_RULES
-from scheduling.ordering import default_registry
+from scheduling.slo.meta import SERVING_GUARD, SERVING_RULES
+from scheduling.slo.ordering import default_registry
 
 POOL = default_registry().names()
 BANDIT_ARMS = ("fcfs", "sjf", "edf", "two_lane")

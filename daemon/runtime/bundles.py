@@ -213,7 +213,7 @@ class BundleStore:
 class TenantBundles:
     """Workflow names are per tenant: tenant T's bundles are a BundleStore of their own
     under `<root>/T/`, so two tenants may both register `etl` and each runs its own.
-    Tenant names cannot be `.` or `..` (daemon/tenant_names.py), so each is a plain
+    Tenant names cannot be `.` or `..` (daemon/access/names.py), so each is a plain
     directory name. Bundles stored before tenants (`<root>/NAME/vN/`) move to the default
     tenant's namespace at the first start (`adopt_untenanted`), as their sessions did."""
 

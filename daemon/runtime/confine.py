@@ -1,6 +1,6 @@
 """Kernel-level confinement of workflow sandboxes: the daemon's side.
 
-The sandbox applies the layers itself before any user code runs (agentd/isolation.py
+The sandbox applies the layers itself before any user code runs (daemon/runtime/sandbox/isolation.py
 says what each does); the daemon chooses them, prepares what they need, and cleans up.
 
 `Confinement` (one per daemon) learns what this machine allows by starting probe
@@ -39,10 +39,10 @@ from urllib.parse import urlsplit
 
 from sqlalchemy.engine import make_url
 
-from agentd import landlock
 from daemon.config import Config
 from daemon.runtime import procs
 from daemon.runtime.cgroups import PidsCgroups
+from daemon.runtime.sandbox import landlock
 
 log = logging.getLogger("agentd.confine")
 
@@ -50,7 +50,7 @@ DISABLE_ENV = "AGENTD_SANDBOX_DISABLE"
 WATCH_INTERVAL_S = 0.1
 PROBE_TIMEOUT_S = 30.0
 ALWAYS = ("rlimits",)
-NAMESPACES = ("user", "mnt", "net")  # the kinds a sandbox reports (agentd/sandbox.py)
+NAMESPACES = ("user", "mnt", "net")  # the kinds a sandbox reports (daemon/runtime/sandbox/entry.py)
 Event = Callable[..., None]
 
 
@@ -253,7 +253,8 @@ class Jail:
             conf = {**conf, "probe": probe, "report_fd": report_write_fd}
             os.write(write_fd, json.dumps(conf).encode())
             os.close(write_fd)
-            argv = [sys.executable, "-I", "-m", "agentd.sandbox", "--confine-fd", str(read_fd)]
+            argv = [sys.executable, "-I", "-m", "daemon.runtime.sandbox",
+                    "--confine-fd", str(read_fd)]
             try:
                 self.proc = await asyncio.create_subprocess_exec(
                     *argv, *(["--probe"] if probe else []), cwd=work, env=self._env(env),

@@ -3,14 +3,14 @@ run's sandbox reports (`agents`), once per agent type and run.
 
 - `preemptable=False`: the agent's work must not be preempted, so each of its instances'
   programs (`<run program>.<Agent>.<i>`, the program an instance's LLM calls use, and
-  `<...>.<i>.<slot>` for a batchable instance's other slots, see agentd/control.py)
+  `<...>.<i>.<slot>` for a batchable instance's other slots, see agentd/instances.py)
   gets the KV layer's pin hint: the KV policy never pauses a pinned program, so its KV
   cache stays on its worker between calls. Programs an instance creates later are
   pinned at the next report (every 0.25 s). Undeclared (None) or a preempt method's
   name: no hint.
 - `resources` (`memory_mb`, `CPU`, `GPU`): enforced as logical reservations, the way Ray
   treats them, by the sandbox's local controllers and by the global controller's
-  validation (scheduling/control_resources.py). The run's capacity comes from its
+  validation (scheduling/agents/resources.py). The run's capacity comes from its
   sandbox's limits: `memory_mb` its address-space limit, `CPU` the CPUs the sandbox may
   run on, `GPU` the daemon's `runtime_gpus` (default -1: the GPUs visible to the daemon,
   daemon/runtime/gpus.py), passed to the sandbox as `AGENTD_GPUS`.
@@ -26,7 +26,7 @@ run's sandbox reports (`agents`), once per agent type and run.
   ResourceError naming the same (a `future.wait_expired` event). Room comes from the
   operator's or the active policy's kills: the default policy's resource reassignment
   kills idle instances of other agents for it, within their `min_instances`
-  (scheduling/control_policies/room.py). An agent whose one instance needs more than
+  (scheduling/agents/policies/room.py). An agent whose one instance needs more than
   the run has in all fails the call that first uses it at once, and so the run, naming
   the agent, the resource and the capacity.
   Not enforced: isolation. An instance is a thread of its run's sandbox process, so one
@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from daemon.state import ProgramStatus
-from scheduling.control import ControlView, Directives, InstanceView
+from scheduling.agents.policy import ControlView, Directives, InstanceView
 
 if TYPE_CHECKING:
     from daemon.runtime.runs import Run, RunController
@@ -58,7 +58,7 @@ _ENDED = (ProgramStatus.STOPPED, ProgramStatus.FAILED)
 
 
 def instance_program(run_program: str, instance_id: str) -> str:
-    """The program an agent instance's LLM calls use (agentd/control.py's llm key)."""
+    """The program an agent instance's LLM calls use (agentd/instances.py's llm key)."""
     return f"{run_program}.{instance_id.replace('#', '.')}"
 
 

@@ -4,7 +4,8 @@ A run owns a program (created through `core.ensure_program`), a run-scoped API t
 (scope `submit`, named `run <id>`, bound to the run's programs and session by
 `auth.RunScope`, revoked when the run ends), a private working
 directory (a temporary directory outside the daemon's data dir holding only the bundle
-copy) and one sandbox process (`python -I -m agentd.sandbox`, see agentd/sandbox.py).
+copy) and one sandbox process (`python -I -m daemon.runtime.sandbox`, see
+daemon/runtime/sandbox/entry.py).
 The sandbox's environment holds only PATH, LANG, MALLOC_ARENA_MAX and the AGENTD_RUN_*
 values below: no data dir, no database URL, no token file path. It also carries what
 the run's agents may reserve and wait for (agentd/runtime.py): `AGENTD_GPUS` (the
@@ -48,14 +49,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from daemon import auth
-from daemon.core import Core, CoreError, new_id
+from daemon.access import auth
+from daemon.core.core import Core, new_id
+from daemon.core.tenants import open_program
+from daemon.errors import CoreError
 from daemon.runtime import confine, run_records
 from daemon.runtime.bundle_tools import INSUFFICIENT_SCOPE
 from daemon.runtime.bundles import BundleError, Signature, TenantBundles
 from daemon.runtime.gpus import visible_gpus
 from daemon.state import ProgramStatus
-from daemon.tenancy import open_program
 from db import models, tokens
 
 log = logging.getLogger("agentd.runs")
@@ -77,7 +79,7 @@ MAX_EVENT_BYTES = 16 * 1024
 EVENT_TEXT_CHARS = 2000
 LOG_TAIL = 8000
 # What the daemon reads from a sandbox beyond max_result_bytes: a failure's report (the
-# sandbox cuts its texts to well under this, agentd/sandbox.py).
+# sandbox cuts its texts to well under this, daemon/runtime/sandbox/entry.py).
 REPORT_ROOM = 256 * 1024
 _READ_CHUNK = 64 * 1024
 # How long a run waits for its jail to reap leftovers (a stuck reap must not hang it).
@@ -86,7 +88,7 @@ ENDED = ("finished", "failed", "cancelled")
 ENDED_RUN_KEEP_S = 300.0
 MAX_ENDED_RUNS = 256
 # what a sandbox may report: its futures, and its local controllers' placements,
-# migrations and installed decisions (agentd/control.py)
+# migrations and installed decisions (agentd/instances.py)
 SANDBOX_EVENTS = frozenset({
     "future.created", "future.resolved", "future.placed", "future.started", "future.migrated",
     "migration.refused", "control.applied", "instance.provisioned", "instance.killed",

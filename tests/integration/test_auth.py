@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from daemon import auth
+from daemon.access import auth
 from daemon.app import create_app
 from daemon.config import Config
 from tests.daemon_process import DaemonProcess
@@ -162,7 +162,7 @@ def test_rate_limit_answers_429_with_retry_after(daemon_factory) -> None:  # typ
 def test_auth_off_is_refused_on_a_reachable_host(tmp_path: Path) -> None:
     env = {**os.environ, "AGENTD_AUTH": "false", "AGENTD_CONFIG_DIR": str(tmp_path / "cfg")}
     done = subprocess.run(
-        [sys.executable, "-m", "daemon.cli", "start", "--host", "0.0.0.0", "--port", "0",
+        [sys.executable, "-m", "daemon.commands.cli", "start", "--host", "0.0.0.0", "--port", "0",
          "--data-dir", str(tmp_path / "data"), "--workers", "0"],
         env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2

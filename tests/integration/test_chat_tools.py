@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from daemon.engines.sim import tokenizer
-from daemon.protocol import ChatMessage, ToolCall, Tools, ToolSupport
+from daemon.workers.protocol import ChatMessage, ToolCall, Tools, ToolSupport
 from tests.daemon_process import DaemonProcess
 from tests.waiting import wait_for
 from tests.worker_socket import dealer, register_frame

@@ -17,7 +17,7 @@ from tests.waiting import session_trace, wait_for, wait_for_trace
 # Hooks return decisions whose reasons say what the policy saw; SetPriority is valid in
 # any view, and the `control.hook` trace event carries every decision a hook returned.
 RECORDER = '''\
-from scheduling.control import ControlPolicy, set_priority
+from scheduling.agents.policy import ControlPolicy, set_priority
 
 
 class HookRecorder(ControlPolicy):

@@ -109,7 +109,7 @@ def _crash_and_recover(d: DaemonProcess) -> None:
     assert all(acked.values()), acked
 
     # Same data dir and port. The local workers died with the daemon (parent-death
-    # signal, daemon/local_workers.py): the restart's own take their ids.
+    # signal, daemon/workers/local.py): the restart's own take their ids.
     d.start(wait_workers=2, timeout=60)
     seen = {w["id"]: (w["pid"], w["status"]) for w in d.get("/v1/workers").json()["data"]}
     assert {wid: status for wid, (_, status) in seen.items()} == dict.fromkeys(

@@ -14,7 +14,7 @@ import pytest
 import zmq
 from hypothesis import HealthCheck, Phase, given, settings
 
-from daemon import protocol
+from daemon.workers import protocol
 from tests.daemon_process import DaemonProcess
 from tests.worker_socket import worker_key
 

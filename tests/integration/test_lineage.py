@@ -1,5 +1,5 @@
 """Lineage inference through a real daemon: a client that sends no program_id, only the
-conversation, runs as one program (daemon/lineage.py)."""
+conversation, runs as one program (daemon/core/lineage.py)."""
 
 from __future__ import annotations
 

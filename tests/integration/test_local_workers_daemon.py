@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 
-from daemon.local_workers import RECORD_FILE, describe, process_start_time, write_record
+from daemon.workers.local import RECORD_FILE, describe, process_start_time, write_record
 from tests.daemon_process import DaemonProcess
 from tests.waiting import wait_for
 from tests.worker_socket import serves
@@ -50,7 +50,7 @@ def test_a_worker_left_running_is_stopped_at_the_next_start(daemon_factory) -> N
     assert d.stop() == 0
     assert d.config_dir is not None
     stale = subprocess.Popen(  # as the supervisor starts it, without the signal
-        [sys.executable, "-m", "daemon.cli", "worker", "--engine", "sim", "--connect",
+        [sys.executable, "-m", "daemon.commands.cli", "worker", "--engine", "sim", "--connect",
          f"ipc://{d.data_dir / 'workers.sock'}", "--worker-id", "local-sim-0",
          "--key-file", str(d.config_dir / "worker.key")],
         env=d.process_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -15,7 +15,7 @@ from tests.daemon_process import DaemonProcess
 from tests.waiting import wait_for, wait_for_trace
 
 BUSY_FIRST = '''\
-from scheduling.control import ControlPolicy, set_priority
+from scheduling.agents.policy import ControlPolicy, set_priority
 
 
 class BusyFirst(ControlPolicy):
@@ -30,7 +30,7 @@ class BusyFirst(ControlPolicy):
 '''
 # Sound on the sample view, whose names have no run prefix; raises on any live view.
 BOOM = '''\
-from scheduling.control import ControlPolicy
+from scheduling.agents.policy import ControlPolicy
 
 
 class Boom(ControlPolicy):

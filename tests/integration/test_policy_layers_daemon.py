@@ -36,7 +36,7 @@ class OpKv(StickyPolicy):
     name = "op-kv"
 '''),
     "ordering": ("op-order", '''\
-from scheduling.ordering import KeyedPolicy
+from scheduling.slo.ordering import KeyedPolicy
 
 
 class OpOrder(KeyedPolicy):
@@ -46,8 +46,8 @@ class OpOrder(KeyedPolicy):
         return (request.l_pred, request.arrival_s)
 '''),
     "meta": ("op-meta", '''\
-from scheduling.layer_policies import RulesMeta
-from scheduling.meta import RuleThresholds
+from scheduling.layers import RulesMeta
+from scheduling.slo.meta import RuleThresholds
 
 
 class OpMeta(RulesMeta):
@@ -57,7 +57,7 @@ class OpMeta(RulesMeta):
         super().__init__(RuleThresholds(min_completions=50))
 '''),
     "admission": ("op-admit", '''\
-from scheduling.layer_policies import StateraAdmission
+from scheduling.layers import StateraAdmission
 
 
 class OpAdmit(StateraAdmission):
@@ -69,7 +69,7 @@ class OpAdmit(StateraAdmission):
 }
 # Raise from the layer's periodic hook once ARM_AT has passed (after validation ran).
 BOOM_META = '''\
-from scheduling.layer_policies import RulesMeta
+from scheduling.layers import RulesMeta
 
 ARM_AT = {arm_at}
 
@@ -86,7 +86,7 @@ class BoomMeta(RulesMeta):
 # (3 repeats x 2 workers x the live and the sample snapshot); the instance the daemon
 # runs raises on its 13th call, in the 7th cycle after activation with 2 workers.
 BOOM_ADMISSION = '''\
-from scheduling.layer_policies import StateraAdmission
+from scheduling.layers import StateraAdmission
 
 CALLS_BEFORE_FAILING = 12
 

@@ -45,7 +45,7 @@ kv_policy = "vllm-default"
 meta_policy = "off"
 """
 LONGEST_FIRST = '''\
-from scheduling.ordering import KeyedPolicy
+from scheduling.slo.ordering import KeyedPolicy
 
 
 class LongestFirst(KeyedPolicy):
@@ -55,7 +55,7 @@ class LongestFirst(KeyedPolicy):
         return (-request.t_tot,)
 '''
 BOOM = '''\
-from scheduling.ordering import Fcfs
+from scheduling.slo.ordering import Fcfs
 
 ARM_AT = {arm_at}
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from daemon.slo_llm import INTERNAL_SESSION, LOW_PRIORITY, PROGRAM_PREFIX
+from daemon.slo.llm import INTERNAL_SESSION, LOW_PRIORITY, PROGRAM_PREFIX
 from tests.daemon_process import DaemonProcess
 from tests.waiting import wait_for
 

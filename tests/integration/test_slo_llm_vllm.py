@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from daemon.slo_llm import INTERNAL_SESSION
-from scheduling.ordering import default_registry
+from daemon.slo.llm import INTERNAL_SESSION
+from scheduling.slo.ordering import default_registry
 from tests.daemon_process import DaemonProcess
 from tests.vllm_support import MODEL_DIR, _require_vllm
 from tests.waiting import wait_for

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import openai
 
-from daemon import auth
+from daemon.access import auth
 from db.engine import make_engine, make_sessionmaker, sqlite_url
 from tests.daemon_process import DaemonProcess
 from tests.waiting import wait_for

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from daemon import auth
+from daemon.access import auth
 from daemon.app import create_app
 from daemon.config import Config
 from tests.daemon_process import DaemonProcess

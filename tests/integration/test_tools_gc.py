@@ -17,7 +17,7 @@ import pytest
 from tests.daemon_process import DaemonProcess
 from tests.tool_cleanup import remove_daemon_tools
 from tests.waiting import wait_for
-from tools import gc
+from tools import reclaim
 from tools.base import Backend, Owner
 from tools.docker_backend import DockerBackend
 from tools.process_backend import ProcessBackend
@@ -52,13 +52,13 @@ async def test_reconcile_reclaims_only_this_daemons_orphans(
         return {"live"}
 
     try:
-        planned = await gc.reconcile(me, [backend], live_programs, dry_run=True)
+        planned = await reclaim.reconcile(me, [backend], live_programs, dry_run=True)
         assert {r["program_id"] for r in planned} == {"stopped", "unknown"}
         kept = {r.owner.program_id for r in await backend.resources(me)}
         assert kept == {"live", "stopped", "unknown"}  # a dry run removes nothing
 
         events: list[dict[str, object]] = []
-        done = await gc.reconcile(me, [backend], live_programs, on_event=events.append)
+        done = await reclaim.reconcile(me, [backend], live_programs, on_event=events.append)
         assert sorted((d["program_id"], d["resource"]) for d in done) == sorted(
             (d["program_id"], d["resource"]) for d in planned
         )
@@ -67,7 +67,7 @@ async def test_reconcile_reclaims_only_this_daemons_orphans(
         assert {r.owner.program_id for r in await backend.resources(other)} == {"stopped"}
     finally:
         for daemon_id in (me, other):
-            await gc.reconcile(daemon_id, [backend], lambda: ())
+            await reclaim.reconcile(daemon_id, [backend], lambda: ())
     assert await backend.resources(me) == [] and await backend.resources(other) == []
 
 

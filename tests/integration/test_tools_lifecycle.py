@@ -19,7 +19,7 @@ import pytest
 
 from tests.docker_fixtures import busybox_image, docker_client, docker_host  # noqa: F401
 from tests.waiting import wait_for_async
-from tools import gc
+from tools import reclaim
 from tools.base import LABEL_DAEMON, Backend
 from tools.docker_backend import DockerBackend
 from tools.errors import Reason, ToolError
@@ -57,7 +57,7 @@ async def kit(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[K
     manager = ToolManager(daemon_id, {kind: backend}, on_event=events.append)
     yield Kit(kind, daemon_id, backend, manager, image, events)
     await manager.close()
-    await gc.reconcile(daemon_id, [backend], lambda: ())  # leave nothing behind
+    await reclaim.reconcile(daemon_id, [backend], lambda: ())  # leave nothing behind
     assert await backend.resources(daemon_id) == []
 
 

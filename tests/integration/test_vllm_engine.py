@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import pytest
 import pytest_asyncio
 
-from daemon.protocol import ChatMessage, Finish, SamplingParams, Submit, TokenDelta
+from daemon.workers.protocol import ChatMessage, Finish, SamplingParams, Submit, TokenDelta
 from tests.vllm_support import MODEL_DIR, _require_vllm
 from tests.waiting import wait_for_async
 

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import pytest_asyncio
 
-from daemon.protocol import (
+from daemon.workers.protocol import (
     ChatMessage,
     Finish,
     SamplingParams,

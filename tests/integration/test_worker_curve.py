@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from daemon import protocol, worker_curve
+from daemon.workers import curve as worker_curve
+from daemon.workers import protocol
 from tests.daemon_process import DaemonProcess, free_port
 from tests.worker_socket import (
     chat,
@@ -98,7 +99,7 @@ def tcp_endpoint(d: DaemonProcess) -> str:
 def external_worker(d: DaemonProcess, connect: str, worker_id: str) -> Iterator[None]:
     assert d.config_dir is not None
     proc = subprocess.Popen(
-        [sys.executable, "-m", "daemon.cli", "worker", "--engine", "sim", "--worker-id",
+        [sys.executable, "-m", "daemon.commands.cli", "worker", "--engine", "sim", "--worker-id",
          worker_id, "--connect", connect, "--key-file", str(d.config_dir / "worker.key")],
         env=d.process_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -217,7 +218,7 @@ def test_a_worker_with_another_key_exits_with_one_line(tcp_daemon: DaemonProcess
     d = tcp_daemon
     (tmp_path / "other.key").write_text("agw_another-deployments-key\n")
     out = subprocess.run(
-        [sys.executable, "-m", "daemon.cli", "worker", "--engine", "sim", "--connect",
+        [sys.executable, "-m", "daemon.commands.cli", "worker", "--engine", "sim", "--connect",
          tcp_endpoint(d), "--key-file", str(tmp_path / "other.key")],
         env=d.process_env(), capture_output=True, text=True, timeout=60)
     assert out.returncode == 1, out.stderr
@@ -236,7 +237,7 @@ def test_a_worker_meeting_a_plaintext_daemon_exits_with_one_line(tmp_path: Path)
     (tmp_path / "worker.key").write_text("agw_some-key\n")
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "daemon.cli", "worker", "--engine", "sim", "--connect",
+            [sys.executable, "-m", "daemon.commands.cli", "worker", "--engine", "sim", "--connect",
              f"tcp://127.0.0.1:{port}", "--key-file", str(tmp_path / "worker.key")],
             capture_output=True, text=True, timeout=60)
         assert not router.poll(0), "a frame got through to the plaintext daemon"

@@ -19,7 +19,7 @@ import httpx
 import msgspec
 import zmq
 
-from daemon import protocol
+from daemon.workers import protocol
 from tests.daemon_process import DaemonProcess
 from tests.waiting import wait_for
 from tests.worker_socket import (
@@ -260,7 +260,7 @@ def test_an_external_worker_needs_the_key_file(daemon_factory, tmp_path) -> None
     survives a daemon restart, so workers that outlive a crash register again."""
     d: DaemonProcess = daemon_factory(workers=0).start()
     key = worker_key(d)
-    cmd = [sys.executable, "-m", "daemon.cli", "worker", "--engine", "sim", "--worker-id",
+    cmd = [sys.executable, "-m", "daemon.commands.cli", "worker", "--engine", "sim", "--worker-id",
            "ext-0", "--connect", f"ipc://{d.data_dir / 'workers.sock'}"]
     # The default key file is the one in $AGENTD_CONFIG_DIR: point it somewhere empty.
     env = {**os.environ, "AGENTD_CONFIG_DIR": str(tmp_path / "no-config")}

@@ -10,7 +10,7 @@ from litestar import Litestar, get
 from litestar.datastructures import State
 from litestar.testing import TestClient
 
-from daemon import auth
+from daemon.access import auth
 from daemon.api.errors import EXCEPTION_HANDLERS
 from daemon.app import create_app
 from daemon.config import Config

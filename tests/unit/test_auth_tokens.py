@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from daemon import auth
-from daemon.cli import main
+from daemon.access import auth
+from daemon.commands.cli import main
 from daemon.config import Config, ConfigError, load
 from db import tokens
 from db.engine import make_engine, make_sessionmaker, sqlite_url, upgrade

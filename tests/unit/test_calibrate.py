@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from daemon.calibrate import (
+from daemon.commands.calibrate import (
     COLUMNS,
     StepSample,
     decode_sample,

@@ -13,8 +13,8 @@ import pytest
 from bench import runtime_analyst, runtime_router
 from bench.runtime_sim import PROVISION_S, Setup, service_s
 from daemon.engines.sim.cost import load_cost_model
-from scheduling.control import ControlDecision, ControlPolicy, ControlView, Kill, Provision
-from scheduling.control_policies import StaticRouting, nalar_default
+from scheduling.agents.policies import StaticRouting, nalar_default
+from scheduling.agents.policy import ControlDecision, ControlPolicy, ControlView, Kill, Provision
 
 COST = load_cost_model("llama3-8b-h100")
 SHORT = (1200.0, 1320.0)  # two minutes

@@ -1,4 +1,4 @@
-"""Least-loaded placement without a pass over the instances (scheduling/control_load.py):
+"""Least-loaded placement without a pass over the instances (scheduling/agents/load.py):
 the index agrees with a brute-force minimum under any sequence of changes, serves equal
 loads round-robin, and the cluster's placement through it stays least-loaded."""
 
@@ -9,9 +9,9 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduling.control import Directives, Kill
-from scheduling.control_cluster import Cluster
-from scheduling.control_load import LoadIndex
+from scheduling.agents.cluster import Cluster
+from scheduling.agents.load import LoadIndex
+from scheduling.agents.policy import Directives, Kill
 
 
 def test_equal_loads_are_served_in_turn() -> None:
@@ -96,8 +96,8 @@ def test_cluster_places_on_a_least_loaded_live_instance() -> None:
 def test_positional_view_builder_matches_the_named_fields() -> None:
     """The per-call path builds a FutureView by position; a field added to FutureView
     must show up here, not as a silently shifted view."""
-    from scheduling.control import FutureStatus, FutureView
-    from scheduling.control_cluster import _future
+    from scheduling.agents.cluster import _future
+    from scheduling.agents.policy import FutureStatus, FutureView
 
     built = _future("f", "s", "A", "A#0", 1.5, 7, "driver", ("d",), 2, 1, 3)
     named = FutureView("f", "s", "A", "A#0", FutureStatus.WAITING, 1.5, seq=7,

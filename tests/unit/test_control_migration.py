@@ -18,7 +18,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduling.control import (
+from scheduling.agents.cluster import Cluster
+from scheduling.agents.policy import (
     DRIVER,
     Directives,
     FutureStatus,
@@ -29,7 +30,6 @@ from scheduling.control import (
     Route,
     SetPriority,
 )
-from scheduling.control_cluster import Cluster
 
 AGENTS = {"A": Directives(max_instances=5), "B": Directives(max_instances=4),
           "S": Directives(stateful=True, max_instances=2)}

@@ -6,7 +6,18 @@ import inspect
 
 import pytest
 
-from scheduling.control import (
+from scheduling.agents.cluster import Cluster
+from scheduling.agents.policies import (
+    CONTROL_POLICIES,
+    HeadOfLineMigration,
+    LoadBalanced,
+    LptRetries,
+    ResourceReassignment,
+    SrtfByStage,
+    make_control_policy,
+    sample_view,
+)
+from scheduling.agents.policy import (
     ControlView,
     Directives,
     GlobalController,
@@ -17,17 +28,6 @@ from scheduling.control import (
     Route,
     SetPriority,
     WeightedRoute,
-)
-from scheduling.control_cluster import Cluster
-from scheduling.control_policies import (
-    CONTROL_POLICIES,
-    HeadOfLineMigration,
-    LoadBalanced,
-    LptRetries,
-    ResourceReassignment,
-    SrtfByStage,
-    make_control_policy,
-    sample_view,
 )
 
 

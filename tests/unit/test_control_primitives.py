@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from scheduling.control import (
+from scheduling.agents.cluster import FOLD_AT, Cluster
+from scheduling.agents.policies import make_control_policy
+from scheduling.agents.policy import (
     DRIVER,
     ControlView,
     Directives,
@@ -26,8 +28,6 @@ from scheduling.control import (
     route,
     set_priority,
 )
-from scheduling.control_cluster import FOLD_AT, Cluster
-from scheduling.control_policies import make_control_policy
 
 AGENTS = {"W": Directives(max_instances=4), "S": Directives(stateful=True, max_instances=3)}
 
@@ -266,7 +266,7 @@ def test_session_tallies_are_right_after_a_long_backlog_and_forgotten_sessions()
 
 
 CONTROL_MODULES = sorted(Path(__file__).resolve().parents[2].glob("scheduling/control*.py")) + \
-    sorted(Path(__file__).resolve().parents[2].glob("scheduling/control_policies/*.py"))
+    sorted(Path(__file__).resolve().parents[2].glob("scheduling/agents/policies/*.py"))
 FORBIDDEN = {"asyncio", "zmq", "sqlalchemy", "textual", "litestar", "time", "datetime",
              "random", "threading", "socket", "os", "daemon", "db", "tools", "console",
              "webui", "agentd"}

@@ -1,4 +1,4 @@
-"""Resource reservations (scheduling/control_resources.py) in the cluster, the global
+"""Resource reservations (scheduling/agents/resources.py) in the cluster, the global
 controller's validation and the daemon's joined view; batch slots; and the migration
 property test again with batchable agents under a capacity."""
 
@@ -11,8 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daemon.runtime.control import RunView, joined_view
-from scheduling.control import (
+from daemon.runtime.global_controller import RunView, joined_view
+from scheduling.agents.cluster import Cluster
+from scheduling.agents.policy import (
     ControlView,
     Directives,
     InstanceState,
@@ -22,8 +23,7 @@ from scheduling.control import (
     Route,
     Validator,
 )
-from scheduling.control_cluster import Cluster
-from scheduling.control_resources import NoCapacity, never_fits, shortfall
+from scheduling.agents.resources import NoCapacity, never_fits, shortfall
 from tests.unit.test_control_migration import World, op
 
 BIG = Directives(min_instances=1, max_instances=4, resources={"memory_mb": 400, "CPU": 1})

@@ -1,10 +1,12 @@
 """Calls waiting for room in the global view, and the reassignment policy making room
-for them (scheduling/control_policies/room.py): it kills an idle instance of another
+for them (scheduling/agents/policies/room.py): it kills an idle instance of another
 type, within min_instances, so that the waiting call's instance fits."""
 
 from __future__ import annotations
 
-from scheduling.control import (
+from scheduling.agents.cluster import Cluster
+from scheduling.agents.policies import ResourceReassignment, nalar_default
+from scheduling.agents.policy import (
     ControlDecision,
     ControlView,
     Directives,
@@ -16,9 +18,7 @@ from scheduling.control import (
     Provision,
     Route,
 )
-from scheduling.control_cluster import Cluster
-from scheduling.control_policies import ResourceReassignment, nalar_default
-from scheduling.control_waiting import WAITING_ROOM
+from scheduling.agents.waiting import WAITING_ROOM
 from tests.unit.test_control_waiting import AGENTS, CAP, full, run_all
 
 

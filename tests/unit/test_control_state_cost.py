@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from scheduling.control import Directives
-from scheduling.control_cluster import Cluster
+from scheduling.agents.cluster import Cluster
+from scheduling.agents.policy import Directives
 
 
 def _cluster() -> Cluster:

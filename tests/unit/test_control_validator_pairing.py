@@ -7,7 +7,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduling.control import (
+from scheduling.agents.cluster import Cluster
+from scheduling.agents.policy import (
     ControlDecision,
     ControlPolicy,
     ControlView,
@@ -21,7 +22,6 @@ from scheduling.control import (
     Rules,
     Validator,
 )
-from scheduling.control_cluster import Cluster
 
 CAP = {"memory_mb": 1000.0}
 AGENTS = {"A": Directives(min_instances=2, max_instances=3, resources={"memory_mb": 400}),

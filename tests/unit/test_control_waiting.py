@@ -1,4 +1,4 @@
-"""The waiting room (scheduling/control_waiting.py) in the cluster: a call with no room
+"""The waiting room (scheduling/agents/waiting.py) in the cluster: a call with no room
 for an instance of its type waits instead of failing, is placed when a kill or a
 provision makes room, and fails after `resource_wait_s` of readiness with the agent,
 resource, need and free named; only ready calls hold younger calls of other types
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduling.control import DRIVER, Directives, FutureStatus, Kill, Provision, Route
-from scheduling.control_cluster import Cluster
-from scheduling.control_resources import NoCapacity
-from scheduling.control_waiting import WAITING_ROOM, unplaced
+from scheduling.agents.cluster import Cluster
+from scheduling.agents.policy import DRIVER, Directives, FutureStatus, Kill, Provision, Route
+from scheduling.agents.resources import NoCapacity
+from scheduling.agents.waiting import WAITING_ROOM, unplaced
 from tests.unit.test_control_migration import OPS, World
 
 CAP = {"memory_mb": 1024.0, "CPU": 2.0, "GPU": 0.0}

@@ -18,10 +18,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from daemon import protocol
 from daemon.config import Config
-from daemon.core import Core
+from daemon.core.core import Core
 from daemon.state import ProgramStatus, RequestState, RequestStatus
+from daemon.workers import protocol
 from tests.store_fixtures import Store
 
 WORKER = "w-encode"

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from daemon.interpreter_tuning import (
+from daemon.core.interpreter_tuning import (
     FULL_AFTER_YOUNG,
     SWITCH_INTERVAL_S,
     Ageing,

@@ -6,12 +6,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.kv_control import ProgramViews, _program_view
+from daemon.kv.loop import ProgramViews, _program_view
 from daemon.state import ProgramState, ProgramStatus
-from daemon.tool_clock import ToolClocks
 from scheduling.kv import KvView, ProgramView, WorkerView
 from scheduling.kv.agentd import AgentdOptions, AgentdPolicy
 from scheduling.kv.residency import ResidencyEstimator
+from scheduling.kv.tool_clock import ToolClocks
 
 S = ProgramStatus
 FIELDS = {

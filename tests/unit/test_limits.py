@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.api.errors import ApiError
+from daemon.api.limits import Limits, TokenBucket
 from daemon.config import Config
-from daemon.limits import Limits, TokenBucket
+from daemon.errors import ApiError
 
 
 class Clock:

@@ -1,5 +1,5 @@
 """Lineage inference on a real core: which program a request that names none joins
-(daemon/lineage.py). A DEALER socket registers as a worker and answers the core's submits,
+(daemon/core/lineage.py). A DEALER socket registers as a worker and answers the core's submits,
 so each reply is exactly the text the test chooses."""
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from daemon import lineage, protocol
 from daemon.config import Config
-from daemon.core import Core
-from daemon.lineage import Lineage, prefix_digests
-from daemon.protocol import ChatMessage, ToolCall
+from daemon.core import lineage
+from daemon.core.core import Core
+from daemon.core.lineage import Lineage, prefix_digests
+from daemon.core.tenants import open_program
 from daemon.state import ProgramState, ProgramStatus, RequestState
-from daemon.tenancy import open_program
+from daemon.workers import protocol
+from daemon.workers.protocol import ChatMessage, ToolCall
 from tests.store_fixtures import Store
 from tests.waiting import wait_for_async
 

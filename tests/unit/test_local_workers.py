@@ -1,4 +1,4 @@
-"""The parent-death signal and the reaper of recorded local workers (daemon/local_workers.py),
+"""The parent-death signal and the reaper of recorded local workers (daemon/workers/local.py),
 on real processes."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from daemon.local_workers import (
+from daemon.workers.local import (
     DAEMON_PID_ENV,
     LocalWorker,
     describe,
@@ -22,7 +22,7 @@ from daemon.local_workers import (
     write_record,
 )
 
-DIE_WITH_DAEMON = "from daemon.local_workers import die_with_daemon; die_with_daemon(); print('on')"
+DIE_WITH_DAEMON = "from daemon.workers.local import die_with_daemon; die_with_daemon(); print('on')"
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def worker(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     key = tmp_path / "worker.key"
     key.write_text("agw_unit-test-key\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "daemon.cli", "worker", "--engine", "sim", "--connect",
+        [sys.executable, "-m", "daemon.commands.cli", "worker", "--engine", "sim", "--connect",
          f"ipc://{tmp_path / 'nobody.sock'}", "--worker-id", "local-sim-0",
          "--key-file", str(key)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     yield proc

@@ -10,18 +10,18 @@ import time
 
 import pytest
 
+from daemon.policies.agents_guard import ControlGuard
 from daemon.policies.layers import LAYERS
 from daemon.policies.swap import Active, Failure
 from daemon.policies.validate import Report, validate
-from daemon.runtime.control_guard import ControlGuard
-from scheduling.control import ControlDecision, ControlPolicy, ControlView, Kill, SetPriority
-from scheduling.control_policies import CONTROL_POLICIES, sample_view
+from scheduling.agents.policies import CONTROL_POLICIES, sample_view
+from scheduling.agents.policy import ControlDecision, ControlPolicy, ControlView, Kill, SetPriority
 from tests.waiting import wait_for_async
 
 SPEC = LAYERS["control"]
 
 SOUND = '''\
-from scheduling.control import ControlPolicy, set_priority
+from scheduling.agents.policy import ControlPolicy, set_priority
 
 
 class DeepFirst(ControlPolicy):
@@ -35,7 +35,7 @@ class DeepFirst(ControlPolicy):
                 if installed.get(s.session_id, 0.0) != s.deepest_stage]
 '''
 SLOW = '''\
-from scheduling.control import ControlPolicy
+from scheduling.agents.policy import ControlPolicy
 
 
 class Ponder(ControlPolicy):
@@ -55,7 +55,7 @@ class NotControl(StickyPolicy):
     name = "not-control"
 '''
 NO_DECIDE = '''\
-from scheduling.control import ControlPolicy
+from scheduling.agents.policy import ControlPolicy
 
 
 class Hooks(ControlPolicy):
@@ -65,7 +65,7 @@ class Hooks(ControlPolicy):
         return []
 '''
 KILLS_A_STRANGER = '''\
-from scheduling.control import ControlPolicy, kill
+from scheduling.agents.policy import ControlPolicy, kill
 
 
 class Reaper(ControlPolicy):
@@ -75,7 +75,7 @@ class Reaper(ControlPolicy):
         return [kill("Ghost#9", reason="no such instance")]
 '''
 RETURNS_NONE_ON_END = '''\
-from scheduling.control import ControlPolicy
+from scheduling.agents.policy import ControlPolicy
 
 
 class Forgetful(ControlPolicy):
@@ -88,7 +88,7 @@ class Forgetful(ControlPolicy):
         return None
 '''
 FROZEN_PERIOD = '''\
-from scheduling.control import ControlPolicy
+from scheduling.agents.policy import ControlPolicy
 
 
 class Never(ControlPolicy):

@@ -12,10 +12,10 @@ import pytest
 
 from daemon.policies.layers import LAYERS
 from daemon.policies.validate import Report, validate
-from scheduling.layer_policies import KeepMeta, RulesMeta
+from scheduling.layers import KeepMeta, RulesMeta
 
 LONGEST_FIRST = """\
-from scheduling.ordering import KeyedPolicy
+from scheduling.slo.ordering import KeyedPolicy
 
 
 class LongestFirst(KeyedPolicy):
@@ -25,7 +25,7 @@ class LongestFirst(KeyedPolicy):
         return (-request.t_tot,)
 """
 FORGETFUL = """\
-from scheduling.ordering import Fcfs
+from scheduling.slo.ordering import Fcfs
 
 
 class Forgetful(Fcfs):
@@ -36,7 +36,7 @@ class Forgetful(Fcfs):
             super().push(request, now)
 """
 SLOW = """\
-from scheduling.ordering import Fcfs
+from scheduling.slo.ordering import Fcfs
 
 
 class Slow(Fcfs):
@@ -56,8 +56,8 @@ class NotOrdering(StickyPolicy):
     name = "not-ordering"
 """
 STRICT_RULES = """\
-from scheduling.layer_policies import RulesMeta
-from scheduling.meta import RuleThresholds
+from scheduling.layers import RulesMeta
+from scheduling.slo.meta import RuleThresholds
 
 
 class StrictRules(RulesMeta):
@@ -67,7 +67,7 @@ class StrictRules(RulesMeta):
         super().__init__(RuleThresholds(min_completions=5, deadline_violation=0.05))
 """
 CHATTY_META = """\
-from scheduling.layer_policies import MetaPolicy
+from scheduling.layers import MetaPolicy
 
 
 class Chatty(MetaPolicy):
@@ -77,7 +77,7 @@ class Chatty(MetaPolicy):
         return "edf, because I said so"
 """
 SMALL_BATCHES = """\
-from scheduling.layer_policies import StateraAdmission
+from scheduling.layers import StateraAdmission
 
 
 class SmallBatches(StateraAdmission):
@@ -90,7 +90,7 @@ class SmallBatches(StateraAdmission):
         return super().controls(worker, utilisation, min(n_max, 8), bypass)
 """
 YES_MAN = """\
-from scheduling.layer_policies import UnboundedAdmission
+from scheduling.layers import UnboundedAdmission
 
 
 class YesMan(UnboundedAdmission):
@@ -126,7 +126,7 @@ def test_sound_operator_policies_pass(layer: str, name: str, source: str) -> Non
     ("ordering", "forgetful", FORGETFUL, "len() is"),
     ("ordering", "slow", SLOW, "the budget is"),
     ("ordering", "not-ordering", KV_SHAPED, "exactly one subclass of OrderingPolicy"),
-    ("meta", "chatty", CHATTY_META, "choose must return a scheduling.meta.Decision"),
+    ("meta", "chatty", CHATTY_META, "choose must return a scheduling.slo.meta.Decision"),
     ("admission", "yes-man", YES_MAN, "admit must return an AdmissionDecision"),
 ])
 def test_broken_operator_policies_are_refused(layer: str, name: str, source: str,
@@ -153,7 +153,7 @@ def test_builtin_meta_policies_keep_or_react() -> None:
 
 
 def test_layer_interfaces_module_is_pure() -> None:
-    path = Path(__file__).resolve().parents[2] / "scheduling" / "layer_policies.py"
+    path = Path(__file__).resolve().parents[2] / "scheduling" / "layers.py"
     roots = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):

@@ -18,16 +18,16 @@ import pytest
 from daemon.policies.clock import cpu_time
 from daemon.policies.loop_hold import LOOP_HOLD_BUDGET_S, held
 from daemon.policies.registry import PolicyService
-from daemon.slo_long_view import Built
-from scheduling.slo_metrics import CompletionRecord
-from scheduling.views import LongView, ViewBuilder
+from daemon.slo.long_view import Built
+from scheduling.slo.metrics import CompletionRecord
+from scheduling.slo.views import LongView, ViewBuilder
 from tests.unit.test_slo_control import make_core  # noqa: F401 - a fixture
 
 COMPLETIONS = 30_000  # past what the benchmark's load keeps in the long window
 BUDGET_MS = LOOP_HOLD_BUDGET_S * 1000
 
 META = '''\
-from scheduling.layer_policies import RulesMeta
+from scheduling.layers import RulesMeta
 
 
 class LoadedMeta(RulesMeta):
@@ -36,8 +36,8 @@ class LoadedMeta(RulesMeta):
 # Refuses the live view the daemon has under load and accepts the fixed sample views, so
 # its validation fails only if the dry run really ran on the live snapshot.
 PICKY = '''\
-from scheduling.layer_policies import MetaPolicy
-from scheduling.meta import Decision
+from scheduling.layers import MetaPolicy
+from scheduling.slo.meta import Decision
 
 
 class Picky(MetaPolicy):

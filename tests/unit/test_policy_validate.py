@@ -140,7 +140,7 @@ def test_slow_decide_fails_the_budget() -> None:
 SOUND = {
     "kv": ("canary", GOOD),
     "ordering": ("shortest", """\
-from scheduling.ordering import KeyedPolicy
+from scheduling.slo.ordering import KeyedPolicy
 
 
 class Shortest(KeyedPolicy):
@@ -150,8 +150,8 @@ class Shortest(KeyedPolicy):
         return (request.l_pred, request.arrival_s)
 """),
     "meta": ("patient-rules", """\
-from scheduling.layer_policies import RulesMeta
-from scheduling.meta import RuleThresholds
+from scheduling.layers import RulesMeta
+from scheduling.slo.meta import RuleThresholds
 
 
 class PatientRules(RulesMeta):
@@ -161,7 +161,7 @@ class PatientRules(RulesMeta):
         super().__init__(RuleThresholds(min_completions=50))
 """),
     "admission": ("narrow", """\
-from scheduling.layer_policies import StateraAdmission
+from scheduling.layers import StateraAdmission
 
 
 class Narrow(StateraAdmission):
@@ -256,9 +256,9 @@ def test_a_wrong_name_points_at_the_name_line(layer: str) -> None:
 
 @pytest.mark.parametrize(("layer", "iface", "method"), [
     ("kv", "scheduling.kv.policy import KvPolicy", "decide"),
-    ("ordering", "scheduling.ordering import OrderingPolicy", "push"),
-    ("meta", "scheduling.layer_policies import MetaPolicy", "choose"),
-    ("admission", "scheduling.layer_policies import AdmissionPolicy", "admit"),
+    ("ordering", "scheduling.slo.ordering import OrderingPolicy", "push"),
+    ("meta", "scheduling.layers import MetaPolicy", "choose"),
+    ("admission", "scheduling.layers import AdmissionPolicy", "admit"),
 ])
 def test_a_missing_method_points_at_the_class(layer: str, iface: str, method: str) -> None:
     source = f"from {iface}\n\n\nclass Empty({iface.rsplit(' ', 1)[1]}):\n    name = 'x'\n"

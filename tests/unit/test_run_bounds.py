@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agentd.sandbox import REPORT_TEXT_CHARS, TRACEBACK_CHARS, failure, result_line
-from daemon.data_dir import private_dir
+from daemon.core.data_dir import private_dir
 from daemon.runtime import run_records
 from daemon.runtime.bundles import BundleError
 from daemon.runtime.runs import (
@@ -27,6 +26,7 @@ from daemon.runtime.runs import (
     check_limits,
     exchange,
 )
+from daemon.runtime.sandbox.entry import REPORT_TEXT_CHARS, TRACEBACK_CHARS, failure, result_line
 from db.engine import make_private, sqlite_url
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon import auth
+from daemon.access import auth
 from daemon.config import Config
-from daemon.core import Core, new_id
+from daemon.core.core import Core, new_id
 from daemon.runtime import run_records
 from daemon.runtime import runs as runs_module
 from daemon.runtime.runs import Run, RunController

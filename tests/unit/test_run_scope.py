@@ -12,8 +12,9 @@ from litestar.datastructures import State
 from litestar.testing import AsyncTestClient
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from daemon import auth
-from daemon.api.errors import EXCEPTION_HANDLERS, ApiError
+from daemon.access import auth
+from daemon.api.errors import EXCEPTION_HANDLERS
+from daemon.errors import ApiError
 from db.engine import make_engine, make_sessionmaker, sqlite_url, upgrade
 
 RUN = auth.RunScope("run-0123456789abcdef", "prog-aaaa", "s-run")

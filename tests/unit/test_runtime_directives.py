@@ -7,7 +7,7 @@ import threading
 import agentd
 from agentd import runtime as rt_mod
 from daemon.runtime.directives import acted_on, instance_programs
-from scheduling.control import Directives, InstanceView
+from scheduling.agents.policy import Directives, InstanceView
 
 # Each call holds its slot until all three hold one: three slots in use at once.
 ALL_IN_SLOTS = threading.Barrier(3, timeout=10)

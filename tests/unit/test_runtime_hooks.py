@@ -3,9 +3,9 @@ agent instance program the KV pin hint goes to."""
 
 from __future__ import annotations
 
-from daemon.runtime.control_hooks import InstanceWatch
 from daemon.runtime.directives import instance_program, not_preemptable
-from scheduling.control import ControlView, Directives, InstanceState, InstanceView
+from daemon.runtime.hooks import InstanceWatch
+from scheduling.agents.policy import ControlView, Directives, InstanceState, InstanceView
 
 A, D, S, X = (InstanceState.ACTIVE, InstanceState.DRAINING, InstanceState.STARTING,
               InstanceState.DEAD)

@@ -1,4 +1,4 @@
-"""The waiting room through the SDK host (agentd/control.py): a waiting call whose
+"""The waiting room through the SDK host (agentd/instances.py): a waiting call whose
 dependency fails gets its DependencyError at once, not after the wait for room; and
 waiting calls reach the daemon's global view (the wire format, parsed as the daemon
 does), where the default reassignment policy makes room for them."""
@@ -13,9 +13,9 @@ import pytest
 
 import agentd
 from agentd import DependencyError
-from daemon.runtime.control import RunView, WireView, joined_view, parse_view
-from scheduling.control import GlobalController, Kill, Provision, decision_to_dict
-from scheduling.control_policies import ResourceReassignment
+from daemon.runtime.global_controller import RunView, WireView, joined_view, parse_view
+from scheduling.agents.policies import ResourceReassignment
+from scheduling.agents.policy import GlobalController, Kill, Provision, decision_to_dict
 
 CAP = {"memory_mb": 1024.0, "CPU": 2.0, "GPU": 0.0}
 WAIT_S = 30.0  # far longer than any of these tests takes

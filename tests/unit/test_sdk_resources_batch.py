@@ -11,9 +11,9 @@ import pytest
 
 import agentd
 from agentd import runtime as rt_mod
-from agentd.control import ResourceError
+from agentd.instances import ResourceError
 from agentd.runtime import process_capacity
-from scheduling.control_resources import NoCapacity
+from scheduling.agents.resources import NoCapacity
 from tests.waiting import wait_for
 
 CAP = {"memory_mb": 1024.0, "CPU": 2.0, "GPU": 0.0}

@@ -12,10 +12,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from daemon import lru
 from daemon.config import Config
-from daemon.core import Core
+from daemon.core.core import Core
+from daemon.core.tenants import open_program
 from daemon.lru import Lru
 from daemon.state import ProgramStatus
-from daemon.tenancy import open_program
 from db import models
 from db import writer as writer_module
 from tests.store_fixtures import Store
@@ -102,7 +102,7 @@ async def test_a_forgotten_session_comes_back_without_a_second_row_or_another_te
                                     .where(models.Program.session_id == "s-a"))).all()
     assert sorted(programs) == sorted([first.id, again.id, third.id])
     assert await core.slo.tenants.of("s-a") == "gold"  # read back from the store
-    # a caller of another tenant runs as itself in the session (daemon/tenancy.py)
+    # a caller of another tenant runs as itself in the session (daemon/core/tenants.py)
     assert core.slo.tagging.tenants[again.id] == "free"
 
 

@@ -8,7 +8,7 @@ from daemon.engines.base import Engine
 from daemon.engines.sim import tokenizer
 from daemon.engines.sim.cost import CostModel
 from daemon.engines.sim.engine import SimEngine, request_from_submit
-from daemon.protocol import ChatMessage, Finish, SamplingParams, Submit, TokenDelta
+from daemon.workers.protocol import ChatMessage, Finish, SamplingParams, Submit, TokenDelta
 
 COST = CostModel(name="t", c0=0.02, c_prefill=1e-4, c_decode=1e-3, c_attn=0.0)
 CHAT = [ChatMessage("system", "You are terse. " * 20), ChatMessage("user", "list files")]

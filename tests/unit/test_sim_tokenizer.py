@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from daemon.engines.sim import tokenizer
-from daemon.protocol import ChatMessage
+from daemon.workers.protocol import ChatMessage
 
 TEXT = "Fix the failing test in utils.py, then run `pytest -x`!"
 

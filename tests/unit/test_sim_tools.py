@@ -14,7 +14,7 @@ import pytest
 from daemon.engines.sim import tokenizer
 from daemon.engines.sim.engine import SimEngine, token_logprob
 from daemon.engines.sim.tools import schema_instance, scripted_reply
-from daemon.protocol import ChatMessage, Finish, SamplingParams, Submit, TokenDelta, Tools
+from daemon.workers.protocol import ChatMessage, Finish, SamplingParams, Submit, TokenDelta, Tools
 
 SCHEMAS: list[dict[str, Any]] = [
     {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from scheduling.admission import (
+from scheduling.slo.admission import (
     AdmissionFence,
     Band,
     ConcurrencyController,
@@ -16,8 +16,8 @@ from scheduling.admission import (
     TokenBudgetController,
     conformal_quantile,
 )
-from scheduling.prediction import QueuedRequest
-from scheduling.slo_templates import Slo, TaskType
+from scheduling.slo.prediction import QueuedRequest
+from scheduling.slo.templates import Slo, TaskType
 
 
 def test_conformal_rank_uses_finite_sample_correction() -> None:

@@ -13,12 +13,12 @@ import pytest
 from sqlalchemy import select
 
 from daemon.config import Config
-from daemon.core import Core
+from daemon.core.core import Core
 from daemon.policies.clock import cpu_time
 from daemon.policies.loop_hold import LOOP_HOLD_BUDGET_S
 from daemon.state import WorkerState
 from db import models
-from scheduling.slo_metrics import CompletionRecord
+from scheduling.slo.metrics import CompletionRecord
 from tests.store_fixtures import Store
 
 WORKER = "w-0"

@@ -7,9 +7,9 @@ import random
 import pytest
 
 from daemon.replay.slo_stacks import FULL_INITIAL, slo_stack
-from scheduling.ordering import EsgDensity, EsgFastGate, RequestQueue, default_registry, switch
-from scheduling.prediction import QueuedRequest
-from scheduling.slo_templates import Slo, TaskType
+from scheduling.slo.ordering import EsgDensity, EsgFastGate, RequestQueue, default_registry, switch
+from scheduling.slo.prediction import QueuedRequest
+from scheduling.slo.templates import Slo, TaskType
 
 
 def req(rid: str, arrival: float = 0.0, l_pred: int = 100, slo_ttft: float = 5.0,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduling.ordering import (
+from scheduling.slo.metrics import CompletionRecord, base_value, service_gain
+from scheduling.slo.ordering import (
     EsgDensity,
     OrderingPolicy,
     Sjf,
@@ -12,9 +13,8 @@ from scheduling.ordering import (
     default_registry,
     esg_density,
 )
-from scheduling.prediction import QueuedRequest
-from scheduling.slo_metrics import CompletionRecord, base_value, service_gain
-from scheduling.slo_templates import Slo, TaskType
+from scheduling.slo.prediction import QueuedRequest
+from scheduling.slo.templates import Slo, TaskType
 
 
 def req(rid: str, arrival: float = 0.0, l_pred: int = 100, slo_ttft: float = 5.0,

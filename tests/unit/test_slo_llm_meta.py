@@ -11,13 +11,14 @@ import sys
 import pytest
 
 from daemon import config
-from daemon.slo_settings import parse_settings, startup_policy
-from daemon.slo_tables import DEFAULT_LLM
-from scheduling.layer_policies import META_POLICIES
-from scheduling.meta import Decision, RuleThresholds, parse_llm_decision
-from scheduling.meta_llm import REASON_MAX_CHARS, LlmMeta
-from scheduling.ordering import default_registry
-from scheduling.views import LongView
+from daemon.policies.slo_layers import startup_policy
+from daemon.slo.settings import parse_settings
+from daemon.slo.tables import DEFAULT_LLM
+from scheduling.layers import META_POLICIES
+from scheduling.slo.meta import Decision, RuleThresholds, parse_llm_decision
+from scheduling.slo.meta_llm import REASON_MAX_CHARS, LlmMeta
+from scheduling.slo.ordering import default_registry
+from scheduling.slo.views import LongView
 
 CALM = LongView(
     window_s=60.0, completions=50, arrival_rate=2.0, prev_arrival_rate=2.0,
@@ -96,8 +97,8 @@ def test_meta_llm_is_a_built_in_and_llm_its_short_name() -> None:
 def test_meta_llm_is_listed_without_the_daemon_settings() -> None:
     """META_POLICIES lists meta-llm on its own: nothing outside scheduling/ has to run
     first (a fresh interpreter, so no earlier import can have added it)."""
-    code = ("import sys, scheduling.layer_policies as lp; "
-            "assert 'daemon.slo_settings' not in sys.modules; "
+    code = ("import sys, scheduling.layers as lp; "
+            "assert 'daemon.slo.settings' not in sys.modules; "
             "print(lp.META_POLICIES['meta-llm'].__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60)

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from scheduling.meta import (
+from scheduling.slo.meta import (
     BypassOff,
     BypassOn,
     ContextualBandit,
@@ -22,7 +22,7 @@ from scheduling.meta import (
     Switch,
     parse_llm_decision,
 )
-from scheduling.views import LongView, ShortView
+from scheduling.slo.views import LongView, ShortView
 
 POOL = ("fcfs", "edf", "sjf", "two_lane", "wfq")
 HEALTHY_LONG = LongView(

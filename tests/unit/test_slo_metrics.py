@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from scheduling import slo_metrics as m
-from scheduling.slo_metrics import CompletionRecord
-from scheduling.views import ViewBuilder, jain_index, percentile
+from scheduling.slo import metrics as m
+from scheduling.slo.metrics import CompletionRecord
+from scheduling.slo.views import ViewBuilder, jain_index, percentile
 
 
 def rec(

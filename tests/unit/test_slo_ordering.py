@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduling.ordering import (
+from scheduling.slo.ordering import (
     Edf,
     Fcfs,
     KeyedPolicy,
@@ -24,8 +24,8 @@ from scheduling.ordering import (
     default_registry,
     switch,
 )
-from scheduling.prediction import QueuedRequest
-from scheduling.slo_templates import Slo, TaskType
+from scheduling.slo.prediction import QueuedRequest
+from scheduling.slo.templates import Slo, TaskType
 
 
 def req(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduling.prediction import (
+from scheduling.slo.prediction import (
     CostModel,
     LengthPredictor,
     Perceiver,
@@ -13,7 +13,7 @@ from scheduling.prediction import (
     TaskTagger,
     prompt_bucket,
 )
-from scheduling.slo_templates import TABLE_6, Slo, SloTable, TaskType, importance_factor, scale_slo
+from scheduling.slo.templates import TABLE_6, Slo, SloTable, TaskType, importance_factor, scale_slo
 
 TAGGED = [
     (

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-MODULES = ("prediction", "ordering", "views", "meta", "admission", "slo_metrics", "slo_templates")
+MODULES = (
+    "prediction", "ordering", "views", "meta", "meta_llm", "admission", "metrics", "templates",
+)
 FORBIDDEN = {"asyncio", "zmq", "sqlalchemy", "textual", "litestar", "time", "datetime", "random"}
-ROOT = Path(__file__).resolve().parents[2] / "scheduling"
+ROOT = Path(__file__).resolve().parents[2] / "scheduling" / "slo"
 
 
 def _imported_roots(tree: ast.AST) -> set[str]:

@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from daemon.policies.slo_layers import ORDERING_BUILTINS
 from daemon.policies.swap import Active, Failure
-from daemon.slo_queue import OrderedQueue
-from scheduling.ordering import Fcfs, OrderingPolicy
-from scheduling.prediction import QueuedRequest
-from scheduling.slo_templates import TABLE_6, TaskType
+from daemon.slo.queue import OrderedQueue
+from scheduling.slo.ordering import Fcfs, OrderingPolicy
+from scheduling.slo.prediction import QueuedRequest
+from scheduling.slo.templates import TABLE_6, TaskType
 
 NOW = 1000.0
 POLICIES = sorted(ORDERING_BUILTINS)

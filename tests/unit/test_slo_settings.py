@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from daemon import config
-from daemon.slo_settings import parse_settings, startup_policy
+from daemon.policies.slo_layers import startup_policy
+from daemon.slo.settings import parse_settings
 
 
 def test_tables_tune_the_rule_map_and_the_guards() -> None:

@@ -13,22 +13,22 @@ import pytest
 from alembic import command
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from daemon import auth
-from daemon.cli import main
+from daemon.access import auth
+from daemon.access.names import DEFAULT_TENANT, tenant_problem
+from daemon.commands.cli import main
+from daemon.core.tenants import SessionTenants
 from daemon.policies.swap import Active
-from daemon.protocol import ChatMessage, SamplingParams
-from daemon.slo_queue import OrderedQueue, weigh_tenants
-from daemon.slo_settings import parse_settings
-from daemon.slo_tagging import Tagging
+from daemon.slo.queue import OrderedQueue, weigh_tenants
+from daemon.slo.settings import parse_settings
+from daemon.slo.tagging import Tagging
 from daemon.state import ProgramState, ProgramStatus, RequestState
-from daemon.tenancy import SessionTenants
-from daemon.tenant_names import DEFAULT_TENANT, tenant_problem
+from daemon.workers.protocol import ChatMessage, SamplingParams
 from db import models, tokens
 from db.engine import alembic_config, make_engine, make_sessionmaker, sqlite_url, upgrade
 from db.writer import BatchWriter
-from scheduling.ordering import Wfq
-from scheduling.prediction import QueuedRequest
-from scheduling.slo_templates import TABLE_6, Slo, SloTable, TaskType
+from scheduling.slo.ordering import Wfq
+from scheduling.slo.prediction import QueuedRequest
+from scheduling.slo.templates import TABLE_6, Slo, SloTable, TaskType
 
 NOW = 1000.0
 GOLD_QA = Slo(1.5, 0.06)

@@ -9,9 +9,9 @@ import statistics
 
 import pytest
 
-from scheduling import slo_metrics as m
-from scheduling.slo_metrics import CompletionRecord
-from scheduling.views import LongView, ShortView, ViewBuilder, jain_index, percentile
+from scheduling.slo import metrics as m
+from scheduling.slo.metrics import CompletionRecord
+from scheduling.slo.views import LongView, ShortView, ViewBuilder, jain_index, percentile
 
 SHORT_S, LONG_S = 5.0, 60.0
 

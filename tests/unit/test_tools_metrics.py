@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from daemon.metrics import Exposition
-from daemon.tool_metrics import write
+from daemon.toolsvc.metrics import write
 from tools.metrics import ToolMetrics
 
 _SAMPLE = re.compile(r"^([a-z_:]+)(\{[^}]*\})? (\S+)$")

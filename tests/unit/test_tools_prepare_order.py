@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from daemon.tool_service import queue_head
+from daemon.toolsvc.service import queue_head
 from scheduling.kv import ProgramStatus, ProgramView
 
 

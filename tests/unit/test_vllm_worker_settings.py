@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 from daemon import config
-from daemon.calibrate import EngineSettings, add_calibrate_parser, settings_from_args
+from daemon.commands.calibrate import EngineSettings, add_calibrate_parser, settings_from_args
 from daemon.models.smollm2 import MARKER, REQUIRED_FILES
-from daemon.supervisor import worker_command
+from daemon.workers.supervisor import worker_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,7 +48,8 @@ def test_calibrate_flags_reach_the_engine_settings(tmp_path: Path) -> None:
 
 def _fetch(cache_home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "XDG_CACHE_HOME": str(cache_home)}
-    return subprocess.run([sys.executable, "-m", "daemon.cli", "model", "fetch-smollm2", *args],
+    argv = [sys.executable, "-m", "daemon.commands.cli", "model", "fetch-smollm2", *args]
+    return subprocess.run(argv,
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
 
 

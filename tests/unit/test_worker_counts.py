@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from daemon import protocol
 from daemon.metrics import Exposition
-from daemon.worker_counts import (
+from daemon.workers import protocol
+from daemon.workers.counts import (
     ProtocolTallies,
     clean_delta,
     clean_finish,

@@ -8,7 +8,7 @@ import pytest
 import zmq
 
 from daemon.metrics import Exposition
-from daemon.worker_curve import HandshakeTally, failure_reason, server_keys
+from daemon.workers.curve import HandshakeTally, failure_reason, server_keys
 
 
 def test_the_server_keypair_is_derived_from_the_worker_key() -> None:

@@ -1,4 +1,4 @@
-"""The broker passes on only what a registered connection sent (daemon/worker_peers.py):
+"""The broker passes on only what a registered connection sent (daemon/workers/peers.py):
 a real Broker on an ipc socket, DEALERs as peers, a handler that accepts every
 registration, as the core does for one with the key."""
 
@@ -17,10 +17,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from daemon import broker as broker_module
-from daemon import protocol
-from daemon.broker import Broker
-from daemon.worker_peers import DroppedFrames
+from daemon.workers import broker as broker_module
+from daemon.workers import protocol
+from daemon.workers.broker import Broker
+from daemon.workers.peers import DroppedFrames
 
 STATS = protocol.WorkerStats(kv_capacity_tokens=1, kv_used_tokens=0, running=0, waiting=0)
 
@@ -133,7 +133,7 @@ async def test_a_connection_that_did_not_register_is_dropped_whatever_id_it_clai
 
 FROZEN_WORKER = """
 import sys, time, zmq
-from daemon import protocol
+from daemon.workers import protocol
 sock = zmq.Context().socket(zmq.DEALER)
 sock.setsockopt(zmq.IDENTITY, b"w-0")
 sock.connect(sys.argv[1])

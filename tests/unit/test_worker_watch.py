@@ -3,7 +3,7 @@ worker that stalled stays suspect. Virtual time: `now` is passed in."""
 
 from __future__ import annotations
 
-from daemon.worker_watch import MAX_SUSPECT_S, ProgressWatch
+from daemon.workers.watch import MAX_SUSPECT_S, ProgressWatch
 
 
 def _watch(stall_s: float = 30.0, limit_s: float = 600.0) -> ProgressWatch:

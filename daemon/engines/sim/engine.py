@@ -44,7 +44,7 @@ from daemon.engines.sim.scheduler import (
     StepResult,
 )
 from daemon.engines.sim.tools import Script, scripted_reply
-from daemon.protocol import (
+from daemon.workers.protocol import (
     Finish,
     MessageDelta,
     Reply,

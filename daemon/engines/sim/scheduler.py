@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from daemon.engines.sim.blocks import KVCacheManager
 from daemon.engines.sim.cost import CostModel, prefill_pairs
 from daemon.engines.sim.tokenizer import filler_token_id
-from daemon.protocol import WorkerStats
+from daemon.workers.protocol import WorkerStats
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,7 +20,7 @@ import re
 from collections.abc import Sequence
 from functools import lru_cache
 
-from daemon.protocol import ChatMessage, Tools
+from daemon.workers.protocol import ChatMessage, Tools
 
 SPECIAL_TOKENS = ("<|bos|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|end|>")
 VOCAB_SIZE = 128_256

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from daemon.engines.sim.tokenizer import call_text, split
-from daemon.protocol import ChatMessage, Submit, ToolCall, Tools
+from daemon.workers.protocol import ChatMessage, Submit, ToolCall, Tools
 
 _FORMATS = {"date-time": "2025-01-01T00:00:00Z", "date": "2025-01-01", "time": "00:00:00Z",
             "email": "sim@example.com", "uri": "https://example.com/sim",

@@ -22,7 +22,7 @@ from daemon.engines.vllm.adapter import (
     kv_capacity_tokens,
     make_stat_logger_factory,
 )
-from daemon.protocol import (
+from daemon.workers.protocol import (
     Finish,
     Submit,
     TokenDelta,
@@ -31,7 +31,7 @@ from daemon.protocol import (
     TopLogprob,
     WorkerStats,
 )
-from daemon.protocol import SamplingParams as WireSampling
+from daemon.workers.protocol import SamplingParams as WireSampling
 
 DEFAULT_KV_CACHE_BYTES = 64 << 20
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from daemon.protocol import (
+from daemon.workers.protocol import (
     ChatMessage,
     MessageDelta,
     Reply,

@@ -1,0 +1,1 @@
+"""The command line: `agentd start|worker|token|calibrate|replay` and their helpers."""

@@ -1,0 +1,809 @@
+"""The daemon core: programs, requests, workers, and the dispatch loop.
+
+Everything that changes scheduling state happens here, on the event loop,
+without awaiting disk: state lives in memory (daemon/state.py) and every
+change is enqueued on the batched writer together with its trace event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import async_sessionmaker
+
+from daemon import lru
+from daemon.config import Config
+from daemon.core.lineage import Lineage
+from daemon.errors import CoreError
+from daemon.kv.loop import KvControl
+from daemon.metrics import Histogram, add_collector
+from daemon.slo.exposition import slo_families
+from daemon.slo.settings import parse_settings
+from daemon.slo.stack import RESIDENT, SloControl
+from daemon.state import (
+    ProgramState,
+    ProgramStatus,
+    RequestState,
+    RequestStatus,
+    StreamItem,
+    WorkerState,
+)
+from daemon.workers import protocol
+from daemon.workers.broker import Broker
+from daemon.workers.counts import (
+    ProtocolTallies,
+    clean_delta,
+    clean_finish,
+    clean_stats,
+    register_problem,
+)
+from daemon.workers.key import ensure_worker_key, key_matches
+from daemon.workers.watch import ProgressWatch, Stall
+from db import models
+from db.writer import BatchWriter
+from scheduling.kv import KvConfig
+
+log = logging.getLogger("agentd.core")
+
+
+ENDED_PROGRAM_TTL_S = 10.0
+
+
+_LIVE_STATUSES = [s.value for s in ProgramStatus
+                  if s not in (ProgramStatus.STOPPED, ProgramStatus.FAILED)]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+class Core:
+    def __init__(self, config: Config, writer: BatchWriter, sessions: async_sessionmaker[Any]):
+        self.config = config
+        self.writer = writer
+        self.sessions = sessions
+        self.broker = Broker(config.broker_endpoint, self._on_worker_message)
+        self.workers: dict[str, WorkerState] = {}
+        self.programs: dict[str, ProgramState] = {}
+        self.requests: dict[str, RequestState] = {}
+        # sessions whose row this daemon stored or queued, the most recently used ones
+        self._known_sessions: lru.Lru[str, bool] = lru.Lru(lru.SESSIONS_REMEMBERED)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._accepting = True
+        self._pumping = False
+        self._remove_metrics: list[Callable[[], None]] = []
+        self.worker_key = ""  # read at start: the file may be created then
+        self.watch = ProgressWatch(config.request_stall_timeout_s,
+                                   config.request_progress_timeout_s)
+        self.tallies = ProtocolTallies()
+        # The workflow runtime's global-controller loop
+        # (daemon/runtime/global_controller.py) sets this.
+        self.control: Any = None
+        self.kv = KvControl(self, config.kv_policy,
+                           KvConfig(force_resume_s=config.kv_force_resume_s))
+        self.slo = SloControl(self, parse_settings(config.slo))
+        # The one global waiting queue: ordered by the active ordering policy, plus the
+        # requests whose program the KV policy holds (see pump).
+        self.queue = self.slo.waiting
+        # Parts that follow program lifecycles (tools) subscribe here.
+        self.on_program_end: list[Callable[[ProgramState], None]] = [
+            lambda p: self.slo.tagging.forget(p.id)]
+        self.on_program_waiting: list[Callable[[ProgramState], None]] = []
+        # Called as a request ends, with its finish (None: it failed or was aborted).
+        self.on_request_end: list[
+            Callable[[RequestState, protocol.Finish | None], None]] = []
+        self.lineage = Lineage(self)
+        self.counters: dict[str, float] = {
+            "requests_total": 0, "requests_failed": 0, "failovers": 0,
+            "prompt_tokens": 0, "generation_tokens": 0, "cached_tokens": 0,
+        }
+        self.latency: dict[str, Histogram] = {
+            "ttft": Histogram(), "e2e": Histogram(), "queue": Histogram(),
+        }
+
+    # --- lifecycle -----------------------------------------------------------
+
+    async def start(self) -> None:
+        self.worker_key = ensure_worker_key(self.config.config_path)
+        # CurveZMQ on network worker endpoints, keyed by the same file (daemon/workers/curve.py).
+        self.broker.use_worker_key(self.worker_key)
+        self.broker.start()
+        self._tasks.append(asyncio.create_task(self._health_loop(), name="worker-health"))
+        self._tasks.append(asyncio.create_task(self._kv_loop(), name="kv-control"))
+        self._tasks.append(asyncio.create_task(self.slo.run(), name="slo-control"))
+        self._remove_metrics = [add_collector(lambda out: slo_families(out, self.slo)),
+                                add_collector(self.tallies.families)]
+
+    async def stop(self) -> None:
+        self._accepting = False
+        for w in self.workers.values():
+            if w.healthy:
+                self.broker.send(w.identity, protocol.Shutdown())
+        for task in self._tasks:
+            task.cancel()
+        for remove in self._remove_metrics:
+            remove()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.broker.stop()
+
+    # --- sessions and programs -------------------------------------------------
+
+    async def ensure_program(
+        self, program_id: str | None, session_id: str | None, pinned: bool = False
+    ) -> ProgramState:
+        if program_id is not None and program_id in self.programs:
+            program = self.programs[program_id]
+            if program.status in (ProgramStatus.STOPPED, ProgramStatus.FAILED):
+                raise CoreError(
+                    f"program '{program_id}' was released ({program.status}); start a new one",
+                    status=409, code="program_released",
+                )
+            if session_id is not None and session_id != program.session_id:
+                raise CoreError(
+                    f"program '{program_id}' belongs to session '{program.session_id}', "
+                    f"not '{session_id}'", status=409, code="session_mismatch",
+                )
+            return program
+        if program_id is not None:
+            restored = await self.load_program(program_id)
+            if restored is not None:
+                self.programs[program_id] = restored
+                return await self.ensure_program(program_id, session_id, pinned)
+        return self._create_program(program_id or new_id("prog"), session_id, pinned)
+
+    async def load_program(self, program_id: str) -> ProgramState | None:
+        async with self.sessions() as s:
+            row = await s.get(models.Program, program_id)
+        if row is None:
+            return None
+        self._known_sessions.setdefault(row.session_id, True)
+        return ProgramState(
+            id=row.id, session_id=row.session_id, status=ProgramStatus(row.status),
+            created_at=row.created_at, status_since=row.status_since, worker_id=row.worker_id,
+            context_tokens=row.context_tokens, steps=row.steps, pinned=row.pinned,
+        )
+
+    def _create_program(
+        self, program_id: str, session_id: str | None, pinned: bool
+    ) -> ProgramState:
+        now = time.time()
+        sid = session_id or program_id
+        if self._known_sessions.get(sid) is None:
+            self._known_sessions.setdefault(sid, True)
+            # the cache forgets: a session it no longer holds may have its row already
+            self.writer.insert("sessions", _session_row(sid, now), if_absent=True)
+        program = ProgramState(
+            id=program_id, session_id=sid, status=ProgramStatus.QUEUED,
+            created_at=now, status_since=now, pinned=pinned,
+        )
+        self.programs[program_id] = program
+        self.writer.insert("programs", {
+            "id": program_id, "session_id": sid, "status": program.status.value,
+            "worker_id": None, "context_tokens": 0, "steps": 0, "pinned": pinned,
+            "status_reason": "created", "created_at": now, "status_since": now,
+            "stopped_at": None,
+        })
+        self.writer.trace("program.created", session_id=sid, program_id=program_id)
+        return program
+
+    async def live_program_ids(self) -> set[str]:
+        async with self.sessions() as s:
+            rows = await s.scalars(
+                select(models.Program.id).where(models.Program.status.in_(_LIVE_STATUSES)))
+            return set(rows.all())
+
+    async def load_known_sessions(self) -> None:
+        """The sessions of live programs, the ones named again soon after a restart; not
+        every session the store has (it grows with the daemon's history)."""
+        query = (select(models.Program.session_id).distinct()
+                 .where(models.Program.status.in_(_LIVE_STATUSES))
+                 .limit(self._known_sessions.cap))
+        async with self.sessions() as s:
+            for sid in (await s.scalars(query)).all():
+                self._known_sessions.setdefault(sid, True)
+
+    def set_program_status(self, program: ProgramState, status: ProgramStatus, reason: str) -> None:
+        if program.status == status:
+            return
+        now = time.time()
+        old = program.status
+        program.status = status
+        program.status_since = now
+        values: dict[str, Any] = {
+            "status": status.value, "status_since": now, "status_reason": reason,
+            "worker_id": program.worker_id, "context_tokens": program.context_tokens,
+            "steps": program.steps,
+        }
+        ended = status in (ProgramStatus.STOPPED, ProgramStatus.FAILED)
+        if ended:
+            values["stopped_at"] = now
+        self.writer.update("programs", program.id, **values)
+        self.writer.trace(
+            "program.status", session_id=program.session_id, program_id=program.id,
+            old=old.value, new=status.value, reason=reason,
+        )
+        if ended:
+            for callback in self.on_program_end:
+                callback(program)
+            # Ended programs leave memory (the store has them) once handlers are done.
+            asyncio.get_running_loop().call_later(ENDED_PROGRAM_TTL_S, self._forget, program)
+
+    def _forget(self, program: ProgramState) -> None:
+        if self.programs.get(program.id) is program:
+            del self.programs[program.id]
+
+    async def release_program(self, program_id: str) -> ProgramState:
+        program = self.programs.get(program_id) or await self.load_program(program_id)
+        if program is None:
+            raise CoreError(f"unknown program '{program_id}'", status=404, code="not_found")
+        self.programs[program_id] = program
+        if program.status in (ProgramStatus.STOPPED, ProgramStatus.FAILED):
+            raise CoreError(
+                f"program '{program_id}' is already released", status=409, code="already_released"
+            )
+        if program.active_request is not None:
+            await self.abort(program.active_request, reason="program released")
+        self.set_program_status(program, ProgramStatus.STOPPED, "released")
+        await self.writer.flush()
+        return program
+
+    # --- requests -------------------------------------------------------------
+
+    def submit(
+        self,
+        program: ProgramState,
+        kind: str,
+        model: str,
+        sampling: protocol.SamplingParams,
+        prompt: str | None = None,
+        messages: list[protocol.ChatMessage] | None = None,
+        priority: int = 0,
+        tools: protocol.Tools | None = None,
+    ) -> RequestState:
+        if not self._accepting:
+            raise CoreError("the daemon is shutting down", status=503, code="unavailable")
+        if program.active_request is not None:
+            raise CoreError(
+                f"program '{program.id}' already has a request running "
+                f"('{program.active_request}'); a program issues one LLM call at a time",
+                status=409, code="program_busy",
+            )
+        now = time.time()
+        req = RequestState(
+            id=new_id("req"), program_id=program.id, session_id=program.session_id, kind=kind,
+            model=model, sampling=sampling, queued_at=now, prompt=prompt, messages=messages,
+            priority=priority, tools=tools,
+        )
+        self.requests[req.id] = req
+        program.active_request = req.id
+        program.ready_request = req.id
+        program.ready_since = now
+        if program.acting_since is not None:
+            program.tool_time_sum += now - program.acting_since
+            program.tool_time_count += 1
+        self.counters["requests_total"] += 1
+        self.writer.insert("requests", _request_row(req))
+        tag = self.slo.on_submit(req, now)
+        self.writer.trace(
+            "request.queued", session_id=req.session_id, program_id=req.program_id,
+            request_id=req.id, max_tokens=sampling.max_tokens, **self.slo.describe(tag),
+        )
+        for callback in self.on_program_waiting:
+            callback(program)
+        self.pump()
+        return req
+
+    async def abort(self, request_id: str, reason: str = "client aborted") -> None:
+        req = self.requests.get(request_id)
+        if req is None or req.status not in (RequestStatus.QUEUED, RequestStatus.RUNNING):
+            return
+        if req.status == RequestStatus.RUNNING and req.worker_id in self.workers:
+            worker = self.workers[req.worker_id]
+            self.broker.send(worker.identity, protocol.Abort(request_id=req.id))
+        self._end_request(req, RequestStatus.ABORTED, "abort", error=reason)
+
+    def pump(self) -> None:
+        """Dispatch what the KV policy places and the stability agent admits.
+
+        The global waiting queue across workers has two parts. `parked` holds requests
+        whose program the KV policy is holding (not admitted yet, paused, held by an
+        operator); they are retried in arrival order on every pump, as before the SLO
+        stack, since the KV policy decides when they run. The ordered part holds the
+        rest in the active ordering policy's order and is served head first while the
+        head's worker admits it. A head no open worker admits stops the pump: nothing
+        overtakes it, which is what makes the order matter. A head whose program lives
+        on one full worker waits aside for this pump so the other workers keep serving.
+        """
+        if self._pumping:
+            return
+        self._pumping = True
+        try:
+            open_ = self.slo.open_workers()
+            self._pump_parked(open_)
+            self._pump_ordered(open_, time.time())
+        finally:
+            self._pumping = False
+
+    def _pump_parked(self, open_: set[str]) -> None:
+        parked = self.queue.parked
+        if not parked:
+            return
+        waiting: deque[str] = deque()
+        for rid in parked:
+            req = self.requests.get(rid)
+            if req is None or req.status != RequestStatus.QUEUED:
+                continue
+            program = self.programs[req.program_id]
+            if not self._may_start(req, program, open_):
+                waiting.append(rid)
+                continue
+            worker_id = self.kv.route(program)
+            if worker_id is None or not self._admitted(req, worker_id, open_):
+                waiting.append(rid)
+                continue
+            self._dispatch(req, program, self.workers[worker_id])
+            self._close_if_full(worker_id, open_)
+        self.queue.parked = waiting
+
+    def _pump_ordered(self, open_: set[str], now: float) -> None:
+        ordered, aside = self.queue.ordered, []
+        # Each pass takes a request or rebuilds a misbehaving policy; the bound keeps a
+        # policy that misbehaves with nothing to fall back to from spinning the loop.
+        passes = 2 * len(ordered) + 4
+        while open_ and passes > 0 and (head := ordered.peek(now)) is not None:
+            passes -= 1
+            req = self.requests.get(head.request_id)
+            if req is None or req.status != RequestStatus.QUEUED:
+                ordered.discard(head.request_id)
+                continue
+            program = self.programs[req.program_id]
+            if not self._may_start(req, program, open_):
+                home = _home(program, self.workers)
+                if home is None:
+                    break  # strict order: nothing overtakes the head
+                open_.discard(home)
+                if open_ and ordered.take(head, now):
+                    aside.append(head)
+                continue
+            worker_id = self.kv.route(program)
+            if not ordered.take(head, now):
+                continue
+            if worker_id is None or worker_id not in self.workers:
+                self.queue.parked.append(req.id)
+            elif not self._admitted(req, worker_id, open_):
+                aside.append(head)
+            else:
+                self._dispatch(req, program, self.workers[worker_id])
+                self._close_if_full(worker_id, open_)
+        # Back through push: for a policy with state (WFQ's tags, two-lane's gate) a
+        # request set aside counts as arriving again.
+        for q in aside:
+            ordered.push(q, now)
+
+    def _may_start(self, req: RequestState, program: ProgramState, open_: set[str]) -> bool:
+        """Whether an open worker the request could go to admits it (asked before
+        routing, so a refusal does not record a KV admission that does not happen)."""
+        home = _home(program, self.workers)
+        candidates = [home] if home is not None else sorted(open_)
+        decision = None
+        for worker_id in candidates:
+            if worker_id not in open_:
+                continue
+            decision = self.slo.admit(req.id, self.workers[worker_id])
+            if decision.admit:
+                return True
+        if decision is not None:
+            self.slo.refuse(req, decision)
+        return False
+
+    def _admitted(self, req: RequestState, worker_id: str, open_: set[str]) -> bool:
+        worker = self.workers.get(worker_id)
+        if worker is None or worker_id not in open_:
+            return False
+        decision = self.slo.admit(req.id, worker)
+        if not decision.admit:
+            self.slo.refuse(req, decision)
+            open_.discard(worker_id)
+        return decision.admit
+
+    def _close_if_full(self, worker_id: str, open_: set[str]) -> None:
+        if not self.slo.has_room(worker_id):
+            open_.discard(worker_id)
+
+    def _dispatch(self, req: RequestState, program: ProgramState, worker: WorkerState) -> None:
+        frame = self._submit_frame(req)
+        if frame is None:
+            return
+        now = time.time()
+        first_dispatch = req.dispatched_at is None
+        req.status = RequestStatus.RUNNING
+        req.worker_id = worker.id
+        req.dispatched_at = req.dispatched_at or now
+        worker.inflight.add(req.id)
+        self.watch.dispatched(req.id, worker.id, now, req.output_tokens)
+        self.broker.send_frame(worker.identity, frame, "Submit")
+        program.worker_id = worker.id
+        program.ready_request = None
+        program.ready_since = None
+        self.set_program_status(program, ProgramStatus.REASONING, "request dispatched")
+        self.writer.update(
+            "requests", req.id, status=req.status.value, worker_id=worker.id,
+            dispatched_at=req.dispatched_at,
+        )
+        if first_dispatch:
+            self.latency["queue"].observe(now - req.queued_at)
+        self.writer.trace(
+            "request.dispatched", session_id=req.session_id, program_id=req.program_id,
+            request_id=req.id, worker_id=worker.id, failover=not first_dispatch,
+            **self.slo.on_dispatch(req, worker.id),
+        )
+
+    def _submit_frame(self, req: RequestState) -> bytes | None:
+        """The request's Submit as sent, or None when it cannot be encoded. Encoded before
+        the request is marked as sent, so one that cannot be fails alone: no worker holds
+        it, waits on it or is suspected of stalling on it."""
+        sampling = req.sampling
+        if req.output_tokens:  # a failover: the rest of the budget, after the text so far
+            remaining = max(1, sampling.max_tokens - req.output_tokens)
+            sampling = protocol.SamplingParams(**{
+                **{f: getattr(sampling, f) for f in sampling.__struct_fields__},
+                "max_tokens": remaining,
+            })
+        try:
+            return protocol.encode(protocol.Submit(
+                request_id=req.id, program_id=req.program_id, prompt=req.prompt,
+                messages=req.messages, continuation=req.text_so_far, sampling=sampling,
+                priority=req.priority, tools=req.tools,
+            ))
+        except protocol.EncodeError as exc:
+            log.warning("request %s of program %s cannot be sent: %s", req.id,
+                        req.program_id, exc)
+            self._end_request(req, RequestStatus.FAILED, "error",
+                              error=f"the request cannot be sent to an engine: {exc}")
+            return None
+
+    # --- worker messages --------------------------------------------------------
+
+    def _on_worker_message(self, identity: bytes, msg: protocol.WorkerMessage) -> None:
+        if isinstance(msg, protocol.Register):
+            self._on_register(identity, msg)
+            return
+        worker = self.workers.get(identity.decode(errors="replace"))
+        if worker is None or worker.identity != identity or worker.status == "gone":
+            self.broker.send(identity, protocol.RegisterAck(
+                accepted=False, message="unknown worker: register again"))
+            return
+        worker.last_seen = time.time()
+        if worker.status == "unhealthy":
+            self._set_worker_status(worker, "healthy", "heartbeat resumed")
+        if isinstance(msg, protocol.Heartbeat):
+            worker.stats = self._checked(worker, "heartbeat", clean_stats(msg.stats))
+            self.watch.engine_steps(worker.id, worker.stats.steps, worker.last_seen)
+        elif isinstance(msg, protocol.TokenDelta):
+            self._on_delta(worker, msg)
+        elif isinstance(msg, protocol.Finish):
+            self._on_finish(worker, msg)
+
+    def _refuse(self, identity: bytes, msg: protocol.Register, kind: str, reason: str) -> None:
+        """Answer a refused registration; log and trace it once per socket identity, so
+        a peer that keeps trying cannot flood the log or the store (all are counted)."""
+        self.broker.send(identity, protocol.RegisterAck(accepted=False, message=reason))
+        if self.tallies.refuse(identity, kind, time.monotonic()):
+            worker_id = msg.worker_id[:64]  # chosen by whoever connected
+            log.warning("refused worker %r: %s", worker_id, reason)
+            self.writer.trace("worker.refused", worker_id=worker_id, reason=reason)
+
+    def _registration_problem(self, identity: bytes, msg: protocol.Register
+                              ) -> tuple[str, str] | None:
+        """(kind, reason) when the registration must be refused."""
+        if msg.schema_hash != protocol.SCHEMA_HASH:
+            return "schema", (
+                f"protocol schema mismatch: worker has {msg.schema_hash}, daemon has "
+                f"{protocol.SCHEMA_HASH}; run the same agentd version on both"
+            )
+        if not key_matches(self.worker_key, msg.key):
+            return "key", ("worker key missing or wrong: start the worker with --key-file "
+                           "pointing to a copy of the daemon's worker.key")
+        if identity.decode(errors="replace") != msg.worker_id:
+            return "identity", "worker id must equal the socket identity"
+        problem = register_problem(msg)
+        return None if problem is None else ("sizes", problem)
+
+    def _on_register(self, identity: bytes, msg: protocol.Register) -> None:
+        refused = self._registration_problem(identity, msg)
+        if refused is not None:
+            self._refuse(identity, msg, *refused)
+            return
+        now = time.time()
+        old = self.workers.get(msg.worker_id)
+        worker = WorkerState(
+            id=msg.worker_id, identity=identity, engine=msg.engine, model=msg.model,
+            kv_capacity_tokens=msg.kv_capacity_tokens, block_size=msg.block_size,
+            max_batch=msg.max_batch, pid=msg.pid, host=msg.host, registered_at=now,
+            last_seen=now, tools=msg.tools,
+        )
+        self.workers[worker.id] = worker
+        self.watch.registered(worker.id, now)
+        self.broker.send(identity, protocol.RegisterAck(
+            accepted=True, heartbeat_interval_s=self.config.heartbeat_interval_s))
+        row = {
+            "engine": msg.engine, "model": msg.model, "kv_capacity_tokens": msg.kv_capacity_tokens,
+            "block_size": msg.block_size, "max_batch": msg.max_batch, "status": "healthy",
+            "pid": msg.pid, "host": msg.host, "registered_at": now, "last_seen_at": now,
+        }
+        if old is None:
+            self.writer.insert("workers", {"id": worker.id, **row})
+        else:
+            self.writer.update("workers", worker.id, **row)
+        self.writer.trace(
+            "worker.registered", worker_id=worker.id, engine=msg.engine, model=msg.model,
+            kv_capacity_tokens=msg.kv_capacity_tokens, pid=msg.pid,
+        )
+        log.info("worker %s registered (%s, %s)", worker.id, msg.engine, msg.model)
+        # Only after the ack: a restarted worker lost whatever its previous process ran.
+        if old is not None and old.inflight:
+            self._fail_over(old, "worker restarted")
+        self.pump()
+
+    def _checked(self, worker: WorkerState, what: str, cleaned: tuple[Any, list[str]]) -> Any:
+        message, problems = cleaned
+        if problems and self.tallies.bad(worker.id, what, problems):
+            self.writer.trace("worker.bad_counts", worker_id=worker.id, message=what,
+                              problems=problems)
+        return message
+
+    def _on_delta(self, worker: WorkerState, msg: protocol.TokenDelta) -> None:
+        req = self.requests.get(msg.request_id)
+        if req is None or req.status != RequestStatus.RUNNING or req.worker_id != worker.id:
+            return
+        now = time.time()
+        msg = self._checked(worker, "token delta",
+                            clean_delta(msg, req.output_tokens, req.sampling.max_tokens))
+        self.watch.progressed(req.id, now)
+        if req.first_token_at is None and msg.num_tokens > 0:
+            req.first_token_at = now
+            self.latency["ttft"].observe(now - req.queued_at)
+            self.writer.update("requests", req.id, first_token_at=now)
+            self.writer.trace(
+                "request.first_token", session_id=req.session_id, program_id=req.program_id,
+                request_id=req.id, worker_id=worker.id,
+            )
+        if msg.prompt_tokens is not None and not req.prompt_tokens:
+            req.prompt_tokens = msg.prompt_tokens
+        if msg.cached_tokens is not None and req.failovers == 0:
+            req.cached_tokens = msg.cached_tokens
+            self.kv.request_hit(req)
+        req.output_tokens += msg.num_tokens
+        req.generated.append(msg.text)
+        req.stream.put_nowait(StreamItem(text=msg.text, num_tokens=msg.num_tokens,
+                                         message=msg.message, logprobs=msg.logprobs))
+
+    def _on_finish(self, worker: WorkerState, msg: protocol.Finish) -> None:
+        worker.inflight.discard(msg.request_id)
+        req = self.requests.get(msg.request_id)
+        if req is None or req.status != RequestStatus.RUNNING or req.worker_id != worker.id:
+            self.pump()
+            return
+        msg = self._checked(worker, "finish", clean_finish(
+            msg, self.watch.tokens_this_dispatch(req.id, req.output_tokens)))
+        if req.failovers == 0:
+            req.prompt_tokens = msg.prompt_tokens
+            req.cached_tokens = msg.cached_tokens
+        req.prompt_tokens = req.prompt_tokens or msg.prompt_tokens
+        # Deltas and finish may each be sane and still disagree (prompt from one, cached
+        # from the other, or across a failover): usage must never show cached > prompt.
+        req.cached_tokens = min(req.cached_tokens, req.prompt_tokens)
+        self.kv.request_wrote(req)
+        if msg.reason == "error":
+            self._end_request(req, RequestStatus.FAILED, "error", error=msg.error or "engine error")
+        else:
+            final = protocol.Finish(
+                request_id=req.id, reason=msg.reason, prompt_tokens=req.prompt_tokens,
+                cached_tokens=req.cached_tokens, output_tokens=req.output_tokens,
+                ttft_s=(req.first_token_at - req.queued_at) if req.first_token_at else None,
+                reply=msg.reply,
+            )
+            status = RequestStatus.ABORTED if msg.reason == "abort" else RequestStatus.FINISHED
+            self._end_request(req, status, msg.reason, finish=final)
+        self.pump()
+
+    def _end_request(
+        self, req: RequestState, status: RequestStatus, reason: str,
+        error: str | None = None, finish: protocol.Finish | None = None,
+    ) -> None:
+        now = time.time()
+        req.status = status
+        req.finished_at = now
+        self.watch.forget(req.id)
+        if req.worker_id in self.workers:
+            self.workers[req.worker_id].inflight.discard(req.id)
+        program = self.programs.get(req.program_id)
+        if program is not None and program.active_request == req.id:
+            program.active_request = None
+            program.steps += 1
+            program.context_tokens = req.prompt_tokens + req.output_tokens
+            program.ready_request = None
+            program.acting_since = now
+            if program.status not in (ProgramStatus.STOPPED, ProgramStatus.FAILED):
+                self.set_program_status(program, ProgramStatus.ACTING, "request ended")
+                self.kv.request_ended(program)
+        if status == RequestStatus.FINISHED:
+            self.latency["e2e"].observe(now - req.queued_at)
+            self.counters["prompt_tokens"] += req.prompt_tokens
+            self.counters["generation_tokens"] += req.output_tokens
+            self.counters["cached_tokens"] += req.cached_tokens
+        elif status == RequestStatus.FAILED:
+            self.counters["requests_failed"] += 1
+        self.slo.on_end(req)
+        self.writer.update(
+            "requests", req.id, status=status.value, finish_reason=reason, error=error,
+            prompt_tokens=req.prompt_tokens, cached_tokens=req.cached_tokens,
+            output_tokens=req.output_tokens, finished_at=now, failovers=req.failovers,
+        )
+        kind = {"finished": "request.finished", "aborted": "request.aborted"}.get(
+            status.value, "request.failed")
+        self.writer.trace(
+            kind, session_id=req.session_id, program_id=req.program_id, request_id=req.id,
+            worker_id=req.worker_id, reason=reason, error=error,
+            prompt_tokens=req.prompt_tokens, cached_tokens=req.cached_tokens,
+            output_tokens=req.output_tokens,
+        )
+        for callback in self.on_request_end:
+            callback(req, finish)
+        req.stream.put_nowait(StreamItem(finish=finish, error=error if finish is None else None))
+        # Finished requests are kept only until their consumer has read them.
+        asyncio.get_running_loop().call_later(30.0, self.requests.pop, req.id, None)
+
+    # --- health and failover ------------------------------------------------------
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_interval_s)
+            self.check_health(time.time())
+            self._expire_queued(time.time())
+
+    async def _kv_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.kv.config.check_interval_s)
+            self.kv.tick()
+
+    def check_health(self, now: float) -> None:
+        for worker in list(self.workers.values()):
+            silent = now - worker.last_seen
+            if worker.status in ("healthy", "suspect") and silent > self.config.heartbeat_timeout_s:
+                self._set_worker_status(worker, "unhealthy", f"no heartbeat for {silent:.1f}s")
+                self._fail_over(worker, f"worker {worker.id} missed heartbeats")
+            elif worker.status == "unhealthy" and silent > 10 * self.config.heartbeat_timeout_s:
+                self._set_worker_status(worker, "gone", f"no heartbeat for {silent:.0f}s")
+            elif worker.status == "suspect" and self.watch.probation_over(worker.id, now):
+                self._set_worker_status(worker, "healthy", "probation: it gets requests again")
+                self.pump()
+        for worker_id, stalls in self.watch.stalled(now).items():
+            self._on_stalled(worker_id, stalls, now)
+
+    def _on_stalled(self, worker_id: str, stalls: list[Stall], now: float) -> None:
+        """A live worker made no progress on these requests: they move on as a dead
+        worker's would, and the worker gets no new requests for a while."""
+        worker = self.workers.get(worker_id)
+        held = worker.inflight if worker is not None else set()
+        for stall in stalls:
+            if stall.request_id not in held:  # left the worker some other way
+                self.watch.forget(stall.request_id)
+        ids = [s.request_id for s in stalls if s.request_id in held]
+        if worker is None or not ids:
+            return
+        until = self.watch.suspect(worker.id, now)
+        self.tallies.stalls[worker.id] += len(ids)
+        reason = f"worker {worker.id} made no progress on the request: {stalls[0].reason}"
+        if worker.status in ("healthy", "suspect"):
+            self._set_worker_status(
+                worker, "suspect", f"{len(ids)} request(s) stalled ({stalls[0].reason}); "
+                f"no new requests for {until - now:.0f}s")
+        for rid in ids:
+            # Whatever the engine still does for them is wasted: the requests go elsewhere.
+            self.broker.send(worker.identity, protocol.Abort(request_id=rid))
+        self._fail_over(worker, reason, only=ids)
+
+    def _set_worker_status(self, worker: WorkerState, status: str, reason: str) -> None:
+        worker.status = status
+        self.writer.update("workers", worker.id, status=status, last_seen_at=worker.last_seen)
+        self.writer.trace(f"worker.{status}", worker_id=worker.id, reason=reason)
+        log.warning("worker %s is %s: %s", worker.id, status, reason)
+
+    def _fail_over(self, worker: WorkerState, reason: str, only: list[str] | None = None) -> None:
+        """Requeue the worker's requests (those in `only`, else all: it is dead) at the
+        head of the queue, oldest first."""
+        ids = set(worker.inflight) if only is None else worker.inflight & set(only)
+        stranded = sorted(
+            (self.requests[r] for r in ids if r in self.requests),
+            key=lambda r: r.queued_at, reverse=True,
+        )
+        worker.inflight -= ids
+        has_other = any(w.healthy and w.id != worker.id for w in self.workers.values())
+        for req in stranded:
+            if req.status != RequestStatus.RUNNING:
+                continue
+            if not has_other:
+                self._end_request(req, RequestStatus.FAILED, "error",
+                                  error=f"{reason}; no healthy worker left to take the request")
+                continue
+            req.failovers += 1
+            self.counters["failovers"] += 1
+            self.writer.trace(
+                "request.failover", session_id=req.session_id, program_id=req.program_id,
+                request_id=req.id, worker_id=worker.id, reason=reason,
+                generated_tokens=req.output_tokens,
+            )
+            self._back_to_queue(req, f"worker {worker.id} lost")
+        self.pump()
+
+    def requeue(self, request_id: str, reason: str) -> None:
+        """Take a running request off its worker and queue it again (operator moves)."""
+        req = self.requests.get(request_id)
+        if req is None or req.status != RequestStatus.RUNNING:
+            return
+        worker = self.workers.get(req.worker_id or "")
+        if worker is not None:
+            worker.inflight.discard(req.id)
+            self.broker.send(worker.identity, protocol.Abort(request_id=req.id))
+        self.writer.trace(
+            "request.requeued", session_id=req.session_id, program_id=req.program_id,
+            request_id=req.id, worker_id=req.worker_id, reason=reason,
+            generated_tokens=req.output_tokens,
+        )
+        self._back_to_queue(req, reason)
+
+    def _back_to_queue(self, req: RequestState, reason: str) -> None:
+        """The request continues later, elsewhere, from the text generated so far."""
+        req.status = RequestStatus.QUEUED
+        self.watch.forget(req.id)
+        self.slo.on_release(req)
+        program = self.programs.get(req.program_id)
+        if program is not None:
+            program.ready_request = req.id
+            program.ready_since = time.time()
+            self.set_program_status(program, ProgramStatus.PAUSED, reason)
+        self.queue.parked.appendleft(req.id)
+
+    def _expire_queued(self, now: float) -> None:
+        if any(w.healthy for w in self.workers.values()):
+            return
+        limit = self.config.queue_timeout_s
+        for rid in list(self.queue):
+            req = self.requests.get(rid)
+            if req and req.status == RequestStatus.QUEUED and now - req.queued_at > limit:
+                self._end_request(req, RequestStatus.FAILED, "error",
+                                  error=f"no healthy worker for {limit:.0f}s")
+
+
+def _home(program: ProgramState, workers: dict[str, WorkerState]) -> str | None:
+    """The healthy worker holding the program's KV, which its next request goes to."""
+    worker = workers.get(program.worker_id or "")
+    if program.status in RESIDENT and worker is not None and worker.healthy:
+        return worker.id
+    return None
+
+
+def _session_row(sid: str, now: float) -> dict[str, Any]:
+    return {
+        "id": sid, "tenant": "default", "priority": 0, "slo_class": "default",
+        "pinned_worker": None, "state": {}, "created_at": now, "updated_at": now,
+    }
+
+
+def _request_row(req: RequestState) -> dict[str, Any]:
+    return {
+        "id": req.id, "program_id": req.program_id, "session_id": req.session_id,
+        "context_id": None, "kind": req.kind, "model": req.model, "status": req.status.value,
+        "worker_id": None, "priority": req.priority, "max_tokens": req.sampling.max_tokens,
+        "prompt_tokens": 0, "cached_tokens": 0, "output_tokens": 0, "finish_reason": None,
+        "error": None, "failovers": 0, "queued_at": req.queued_at, "dispatched_at": None,
+        "first_token_at": None, "finished_at": None,
+    }

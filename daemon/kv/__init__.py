@@ -1,0 +1,1 @@
+"""The KV layer's loop: programs paused and restored across workers (ThunderAgent)."""

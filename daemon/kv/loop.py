@@ -1,0 +1,253 @@
+"""Applies the program-aware KV policy (scheduling/kv) to the daemon's live state.
+
+The policy is pure: it reads a `KvView` built here and returns decisions. This
+module builds the view from the core's programs and workers, applies decisions
+(status changes, dispatching a restored program's pending request, aborting a
+request an operator moved with now=true) and records each one in the trace.
+
+Tools agentd runs for a program (see scheduling/kv/tool_clock.py) feed the view: while one
+runs the program is ACTING from the tool's start, and measured tool durations replace
+request gaps as its tool-time history.
+
+Whether a paused program's blocks are still cached is estimated from the token counts
+each request reports (scheduling/kv/residency.py): the engine does not say.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from daemon.state import ProgramState, ProgramStatus, RequestState
+from scheduling.kv import (
+    Admit,
+    Decision,
+    KvConfig,
+    KvPolicy,
+    KvView,
+    MarkPauseAfterRequest,
+    MigrationPlan,
+    Pause,
+    ProgramView,
+    Restore,
+    WorkerView,
+    make_kv_policy,
+    plan_migration,
+)
+from scheduling.kv import ProgramStatus as KvStatus
+from scheduling.kv.residency import ResidencyEstimator, held_tokens
+from scheduling.kv.tool_clock import ToolClock, ToolClocks
+
+if TYPE_CHECKING:
+    from daemon.core.core import Core
+
+_TO_KV = {
+    ProgramStatus.QUEUED: KvStatus.QUEUED, ProgramStatus.REASONING: KvStatus.REASONING,
+    ProgramStatus.ACTING: KvStatus.ACTING, ProgramStatus.PAUSED: KvStatus.PAUSED,
+}
+
+
+class KvControl:
+    def __init__(self, core: Core, policy_name: str, config: KvConfig | None = None) -> None:
+        self.core = core
+        self.policy: KvPolicy = make_kv_policy(policy_name)
+        self.config = config or KvConfig()
+        self.tools = ToolClocks()
+        self.residency = ResidencyEstimator()
+        self._registered: dict[str, float] = {}
+        self._views = ProgramViews(self.tools, self.residency)
+
+    # --- the view ---------------------------------------------------------------
+
+    def view(self) -> KvView:
+        self._note_restarts()
+        workers = tuple(
+            WorkerView(w.id, w.kv_capacity_tokens,
+                       w.stats.kv_used_tokens if w.stats else 0, w.healthy)
+            for w in self.core.workers.values()
+        )
+        used = {w.worker_id: w.used_tokens for w in workers}
+        return KvView(workers, self._views.build(self.core.programs.values(), used), self.config)
+
+    def _note_restarts(self) -> None:
+        # A worker registering again under its id comes back with an empty cache.
+        for w in self.core.workers.values():
+            if self._registered.setdefault(w.id, w.registered_at) != w.registered_at:
+                self._registered[w.id] = w.registered_at
+                self.residency.worker_reset(w.id)
+
+    def request_hit(self, req: RequestState) -> None:
+        """The engine reported the request's cached tokens: blocks it took out of the
+        free queue without evicting anything."""
+        if req.worker_id is not None:
+            self.residency.request_hit(req.program_id, req.worker_id, req.cached_tokens)
+
+    def request_wrote(self, req: RequestState) -> None:
+        """A request that ran on a worker ended and freed its blocks there. The
+        worker's last stats were taken while it ran, so their usage still counts them."""
+        worker = self.core.workers.get(req.worker_id) if req.worker_id else None
+        if worker is None or worker.stats is None:
+            return
+        own = held_tokens(req.prompt_tokens, req.output_tokens, worker.block_size)
+        self.residency.request_ended(
+            req.program_id, worker.id, req.prompt_tokens, req.cached_tokens, req.output_tokens,
+            worker.stats.kv_used_tokens - own, worker.kv_capacity_tokens, worker.block_size)
+
+    # --- calls into the policy --------------------------------------------------
+
+    def route(self, program: ProgramState) -> str | None:
+        if program.held:
+            return None
+        now = time.time()
+        worker_id = self.policy.route(self.view(), program.id, now)
+        if worker_id is not None and program.status in (ProgramStatus.QUEUED, ProgramStatus.PAUSED):
+            kind = Admit if program.status == ProgramStatus.QUEUED else Restore
+            self._record(kind(program.id, worker_id, "routed"), program)
+        return worker_id
+
+    def tick(self) -> None:
+        self.apply(self.policy.decide(self.view(), time.time()))
+        self._views.forget_gone(self.core.programs)
+        self.tools.forget_except(self.core.programs)
+
+    def tool_started(self, program_id: str, now: float) -> None:
+        """agentd started running a tool for the program (a call waiting for its
+        environment counts: the program is away from the GPU either way)."""
+        self.tools.started(program_id, now)
+
+    def tool_ended(self, program_id: str, now: float) -> float | None:
+        """Returns the measured span when no other tool of the program still runs."""
+        return self.tools.ended(program_id, now)
+
+    def request_ended(self, program: ProgramState) -> None:
+        if program.held and program.worker_id is not None:
+            self.apply([Pause(program.id, program.worker_id, "paused by an operator")])
+            return
+        self.apply(self.policy.on_request_end(self.view(), program.id, time.time()))
+
+    def migrate(self, program: ProgramState, target: str, now: bool, by: str) -> MigrationPlan:
+        program.held = False
+        plan = plan_migration(self.view(), program.id, target, now=now)
+        source = program.worker_id
+        self.apply(list(plan.decisions))
+        program.pinned = True
+        self.core.writer.trace(
+            "program.migrated", session_id=program.session_id, program_id=program.id,
+            worker_id=target, source=source, target=target, now=now, by=by,
+            recompute_tokens=plan.recompute_tokens,
+        )
+        return plan
+
+    # --- applying decisions -------------------------------------------------------
+
+    def apply(self, decisions: list[Decision]) -> None:
+        for decision in decisions:
+            program = self.core.programs.get(decision.program_id)
+            if program is None or program.status not in _TO_KV:
+                continue
+            if isinstance(decision, MarkPauseAfterRequest):
+                program.pause_marked = True
+                program.migrate_to = decision.restore_on
+            elif isinstance(decision, Pause):
+                self._pause(program, decision)
+            else:
+                grant = (decision.worker_id, program.ready_request)
+                repeated = program.kv_grant == grant and program.worker_id == decision.worker_id
+                program.worker_id = decision.worker_id
+                program.pause_marked = False
+                program.migrate_to = None
+                program.kv_grant = grant
+                if program.ready_request is None:
+                    self.core.set_program_status(program, ProgramStatus.ACTING, decision.reason)
+                if repeated:
+                    continue
+            self._record(decision, program)
+        if decisions:
+            self.core.pump()
+
+    def _pause(self, program: ProgramState, decision: Pause) -> None:
+        if program.active_request is not None and program.status == ProgramStatus.REASONING:
+            self.core.requeue(program.active_request, f"paused: {decision.reason}")
+        program.pause_marked = False
+        program.kv_grant = None
+        self.core.set_program_status(program, ProgramStatus.PAUSED, decision.reason)
+
+    def _record(self, decision: Decision, program: ProgramState) -> None:
+        kind = {Pause: "kv.pause", MarkPauseAfterRequest: "kv.mark_pause",
+                Restore: "kv.restore", Admit: "kv.admit"}[type(decision)]
+        worker = getattr(decision, "worker_id", None) or getattr(decision, "restore_on", None)
+        self.core.writer.trace(
+            kind, session_id=program.session_id, program_id=program.id, worker_id=worker,
+            reason=decision.reason, context_tokens=program.context_tokens,
+            policy=self.policy.name, policy_version=getattr(self.policy, "version", None),
+        )
+
+
+class ProgramViews:
+    """Each program's `ProgramView`, rebuilt only when a field it is built from changed.
+
+    The view is rebuilt for every routed request; with hundreds of live programs,
+    building each frozen `ProgramView` anew was most of that cost, and between two
+    routings almost none of them changes. The key holds every mutable field the view
+    reads, so a cached view always equals a fresh one.
+    """
+
+    def __init__(self, tools: ToolClocks | None = None,
+                 residency: ResidencyEstimator | None = None) -> None:
+        self._cache: dict[str, tuple[tuple[object, ...], ProgramView]] = {}
+        self._tools = tools or ToolClocks()
+        self._residency = residency or ResidencyEstimator()
+
+    def build(self, programs: Iterable[ProgramState],
+              used: Mapping[str, int] | None = None) -> tuple[ProgramView, ...]:
+        """`used`: each worker's used KV tokens now, for the residency estimate."""
+        out = []
+        cache = self._cache
+        for p in programs:
+            if p.held or p.status not in _TO_KV:
+                continue
+            clock = self._tools.get(p.id)
+            resident = (self._residency.resident(p.id, p.worker_id, used.get(p.worker_id))
+                        if used and p.worker_id and p.status == ProgramStatus.PAUSED else None)
+            key = (p.status, p.context_tokens, p.worker_id, p.acting_since, p.ready_since,
+                   p.ready_request is not None, p.pinned, p.pause_marked, p.tool_time_sum,
+                   p.tool_time_count, p.migrate_to, p.created_at,
+                   clock.key() if clock else None, resident)
+            hit = cache.get(p.id)
+            if hit is None or hit[0] != key:
+                hit = cache[p.id] = (key, _program_view(p, clock, resident))
+            out.append(hit[1])
+        return tuple(out)
+
+    def forget_gone(self, programs: Mapping[str, ProgramState]) -> None:
+        for pid in [pid for pid in self._cache if pid not in programs]:
+            del self._cache[pid]
+        self._residency.forget_except(programs)
+
+
+def _program_view(p: ProgramState, clock: ToolClock | None = None,
+                  kv_resident: bool | None = None) -> ProgramView:
+    acting_since, ended_at = _acting(p, clock)
+    measured = clock.mean_s if clock else None
+    return ProgramView(
+        program_id=p.id, status=_TO_KV[p.status], context_tokens=p.context_tokens,
+        created_at=p.created_at, worker_id=p.worker_id, acting_since=acting_since,
+        ready_since=p.ready_since, pending_request=p.ready_request is not None,
+        pinned=p.pinned, pause_marked=p.pause_marked,
+        tool_time_mean_s=p.tool_time_mean_s if measured is None else measured,
+        kv_resident=kv_resident, migrate_to=p.migrate_to,
+        tool_running=bool(clock and clock.running),
+        tool_last_s=clock.last_s if clock else None, tool_ended_at=ended_at,
+    )
+
+
+def _acting(p: ProgramState, clock: ToolClock | None) -> tuple[float | None, float | None]:
+    """(acting_since, tool_ended_at): a tool agentd started since the last request ended
+    moves the acting clock to the tool's start (the gap before it was the client's, not
+    the tool's); its end, once it ended, says the next request is due."""
+    if clock is None or clock.started_at is None or p.acting_since is None:
+        return p.acting_since, None
+    if clock.started_at < p.acting_since:
+        return p.acting_since, None
+    return clock.started_at, None if clock.running else clock.ended_at

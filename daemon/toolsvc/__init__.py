@@ -1,0 +1,1 @@
+"""The tool service: tool containers held by programs, their clock and metrics."""

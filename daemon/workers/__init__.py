@@ -1,0 +1,1 @@
+"""Engine workers: the ZeroMQ broker, the wire protocol, supervision, identity."""

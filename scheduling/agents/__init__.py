@@ -1,0 +1,1 @@
+"""NALAR's agent control: routing agent calls across instances, local controllers, policies."""

@@ -1,0 +1,1 @@
+"""H-MAS's SLO scheduling: tagging, prediction, ordering, views, meta, admission."""
