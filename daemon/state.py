@@ -31,6 +31,10 @@ class ProgramStatus(enum.StrEnum):
     FAILED = "FAILED"
 
 
+# The statuses in which a program's KV is on its worker.
+RESIDENT = (ProgramStatus.REASONING, ProgramStatus.ACTING)
+
+
 class RequestStatus(enum.StrEnum):
     QUEUED = "queued"
     RUNNING = "running"

@@ -20,13 +20,14 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from daemon import lru
 from daemon.config import Config
+from daemon.core.dispatching import CoreLayers
 from daemon.core.lineage import Lineage
 from daemon.errors import CoreError
 from daemon.kv.loop import KvControl
 from daemon.metrics import Histogram, add_collector
 from daemon.slo.exposition import slo_families
 from daemon.slo.settings import parse_settings
-from daemon.slo.stack import RESIDENT, SloControl
+from daemon.slo.stack import SloControl
 from daemon.state import (
     ProgramState,
     ProgramStatus,
@@ -48,6 +49,7 @@ from daemon.workers.key import ensure_worker_key, key_matches
 from daemon.workers.watch import ProgressWatch, Stall
 from db import models
 from db.writer import BatchWriter
+from scheduling.dispatch import Decision, Park, Refuse, StillParked, dispatch
 from scheduling.kv import KvConfig
 
 log = logging.getLogger("agentd.core")
@@ -78,6 +80,7 @@ class Core:
         self._tasks: list[asyncio.Task[None]] = []
         self._accepting = True
         self._pumping = False
+        self._layers = CoreLayers(self)
         self._remove_metrics: list[Callable[[], None]] = []
         self.worker_key = ""  # read at start: the file may be created then
         self.watch = ProgressWatch(config.request_stall_timeout_s,
@@ -325,97 +328,25 @@ class Core:
             return
         self._pumping = True
         try:
-            open_ = self.slo.open_workers()
-            self._pump_parked(open_)
-            self._pump_ordered(open_, time.time())
+            decisions = dispatch(list(self.queue.parked), self.queue.ordered,
+                                 self.slo.open_workers(), self._layers, time.time())
+            for decision in decisions:
+                self._apply(decision)
         finally:
             self._pumping = False
 
-    def _pump_parked(self, open_: set[str]) -> None:
-        parked = self.queue.parked
-        if not parked:
+    def _apply(self, decision: Decision) -> None:
+        if isinstance(decision, StillParked):
+            self.queue.parked = deque(decision.request_ids)
             return
-        waiting: deque[str] = deque()
-        for rid in parked:
-            req = self.requests.get(rid)
-            if req is None or req.status != RequestStatus.QUEUED:
-                continue
-            program = self.programs[req.program_id]
-            if not self._may_start(req, program, open_):
-                waiting.append(rid)
-                continue
-            worker_id = self.kv.route(program)
-            if worker_id is None or not self._admitted(req, worker_id, open_):
-                waiting.append(rid)
-                continue
-            self._dispatch(req, program, self.workers[worker_id])
-            self._close_if_full(worker_id, open_)
-        self.queue.parked = waiting
-
-    def _pump_ordered(self, open_: set[str], now: float) -> None:
-        ordered, aside = self.queue.ordered, []
-        # Each pass takes a request or rebuilds a misbehaving policy; the bound keeps a
-        # policy that misbehaves with nothing to fall back to from spinning the loop.
-        passes = 2 * len(ordered) + 4
-        while open_ and passes > 0 and (head := ordered.peek(now)) is not None:
-            passes -= 1
-            req = self.requests.get(head.request_id)
-            if req is None or req.status != RequestStatus.QUEUED:
-                ordered.discard(head.request_id)
-                continue
-            program = self.programs[req.program_id]
-            if not self._may_start(req, program, open_):
-                home = _home(program, self.workers)
-                if home is None:
-                    break  # strict order: nothing overtakes the head
-                open_.discard(home)
-                if open_ and ordered.take(head, now):
-                    aside.append(head)
-                continue
-            worker_id = self.kv.route(program)
-            if not ordered.take(head, now):
-                continue
-            if worker_id is None or worker_id not in self.workers:
-                self.queue.parked.append(req.id)
-            elif not self._admitted(req, worker_id, open_):
-                aside.append(head)
-            else:
-                self._dispatch(req, program, self.workers[worker_id])
-                self._close_if_full(worker_id, open_)
-        # Back through push: for a policy with state (WFQ's tags, two-lane's gate) a
-        # request set aside counts as arriving again.
-        for q in aside:
-            ordered.push(q, now)
-
-    def _may_start(self, req: RequestState, program: ProgramState, open_: set[str]) -> bool:
-        """Whether an open worker the request could go to admits it (asked before
-        routing, so a refusal does not record a KV admission that does not happen)."""
-        home = _home(program, self.workers)
-        candidates = [home] if home is not None else sorted(open_)
-        decision = None
-        for worker_id in candidates:
-            if worker_id not in open_:
-                continue
-            decision = self.slo.admit(req.id, self.workers[worker_id])
-            if decision.admit:
-                return True
-        if decision is not None:
-            self.slo.refuse(req, decision)
-        return False
-
-    def _admitted(self, req: RequestState, worker_id: str, open_: set[str]) -> bool:
-        worker = self.workers.get(worker_id)
-        if worker is None or worker_id not in open_:
-            return False
-        decision = self.slo.admit(req.id, worker)
-        if not decision.admit:
-            self.slo.refuse(req, decision)
-            open_.discard(worker_id)
-        return decision.admit
-
-    def _close_if_full(self, worker_id: str, open_: set[str]) -> None:
-        if not self.slo.has_room(worker_id):
-            open_.discard(worker_id)
+        if isinstance(decision, Park):
+            self.queue.parked.append(decision.request_id)
+            return
+        req = self.requests[decision.request_id]
+        if isinstance(decision, Refuse):
+            self.slo.refuse(req, decision.decision)
+        else:
+            self._dispatch(req, self.programs[req.program_id], self.workers[decision.worker])
 
     def _dispatch(self, req: RequestState, program: ProgramState, worker: WorkerState) -> None:
         frame = self._submit_frame(req)
@@ -781,14 +712,6 @@ class Core:
             if req and req.status == RequestStatus.QUEUED and now - req.queued_at > limit:
                 self._end_request(req, RequestStatus.FAILED, "error",
                                   error=f"no healthy worker for {limit:.0f}s")
-
-
-def _home(program: ProgramState, workers: dict[str, WorkerState]) -> str | None:
-    """The healthy worker holding the program's KV, which its next request goes to."""
-    worker = workers.get(program.worker_id or "")
-    if program.status in RESIDENT and worker is not None and worker.healthy:
-        return worker.id
-    return None
 
 
 def _session_row(sid: str, now: float) -> dict[str, Any]:

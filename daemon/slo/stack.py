@@ -43,7 +43,7 @@ from daemon.slo.long_view import SteppedLongView
 from daemon.slo.queue import OrderedQueue, WaitingQueue, weigh_tenants
 from daemon.slo.settings import SloSettings
 from daemon.slo.tagging import Tagging
-from daemon.state import ProgramStatus, RequestState, RequestStatus, WorkerState
+from daemon.state import RequestState, RequestStatus, WorkerState
 from scheduling.layers import (
     ADMISSION_POLICIES,
     META_POLICIES,
@@ -68,7 +68,6 @@ if TYPE_CHECKING:
     from daemon.core.core import Core
 
 log = logging.getLogger("agentd.slo")
-RESIDENT = (ProgramStatus.REASONING, ProgramStatus.ACTING)
 
 
 @dataclass
