@@ -14,6 +14,7 @@ from litestar.openapi import OpenAPIConfig
 
 from daemon.access import auth
 from daemon.api import drain, tenants
+from daemon.api.drilldown import DrilldownController
 from daemon.api.errors import EXCEPTION_HANDLERS, ErrorSchemaPlugin
 from daemon.api.gateway import GatewayController
 from daemon.api.limits import Limits
@@ -22,6 +23,7 @@ from daemon.api.responses import ResponsesController
 from daemon.api.rest import OperatorController, OpsController, RestController
 from daemon.api.scheduling_api import SchedulingController
 from daemon.api.tools_api import ToolsController
+from daemon.api.whoami import WhoamiController
 from daemon.api.workflows_wiring import install_workflows
 from daemon.config import Config
 from daemon.core import data_dir, interpreter_tuning, recovery
@@ -100,6 +102,7 @@ def create_app(config: Config) -> Litestar:
     app = Litestar(
         route_handlers=[GatewayController, ResponsesController, RestController,
                         OperatorController, OpsController, ToolsController, SchedulingController,
+                        DrilldownController, WhoamiController,
                         drain.DrainController, create_ui_router(config.base_url)],
         before_request=drain.refuse_while_draining,
         guards=[auth.require_scope, tenants.require_owner],

@@ -82,3 +82,28 @@ async def trace_events(
         .limit(limit)
     )
     return [as_dict(r) for r in rows]
+
+
+async def get_request(s: AsyncSession, request_id: str) -> dict[str, Any] | None:
+    row = await s.get(models.Request, request_id)
+    return None if row is None else as_dict(row)
+
+
+async def get_worker(s: AsyncSession, worker_id: str) -> dict[str, Any] | None:
+    """The worker's row while this daemon knows it (a restart clears the table)."""
+    row = await s.get(models.Worker, worker_id)
+    return None if row is None else as_dict(row)
+
+
+async def worker_requests(s: AsyncSession, worker_id: str, limit: int,
+                          tenant: str | None = None) -> tuple[list[dict[str, Any]], int]:
+    """The newest requests that ran on `worker_id` and how many there are in all;
+    `tenant`: only requests of that tenant's sessions."""
+    query = select(models.Request).where(models.Request.worker_id == worker_id)
+    if tenant is not None:
+        query = query.join(models.Session, models.Session.id == models.Request.session_id
+                           ).where(models.Session.tenant == tenant)
+    total = await s.scalar(select(func.count()).select_from(query.subquery()))
+    rows = await s.scalars(query.order_by(models.Request.queued_at.desc(),
+                                          models.Request.id.desc()).limit(limit))
+    return [as_dict(r) for r in rows], int(total or 0)

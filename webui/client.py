@@ -140,6 +140,18 @@ class Api:
     async def session(self, session_id: str) -> dict[str, Any]:
         return dict(await self.get(f"/v1/sessions/{seg(session_id)}"))
 
+    async def program(self, program_id: str) -> dict[str, Any]:
+        return dict(await self.get(f"/v1/programs/{seg(program_id)}"))
+
+    async def request(self, request_id: str) -> dict[str, Any]:
+        return dict(await self.get(f"/v1/requests/{seg(request_id)}"))
+
+    async def worker(self, worker_id: str) -> dict[str, Any]:
+        return dict(await self.get(f"/v1/workers/{seg(worker_id)}"))
+
+    async def whoami(self) -> dict[str, Any]:
+        return dict(await self.get("/v1/whoami"))
+
     async def trace(self, session_id: str, max_events: int = 5000) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         after = 0

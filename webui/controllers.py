@@ -97,20 +97,24 @@ async def login(request: Req) -> Response[Any]:
                       error="The form expired; please try again.")
     token = str(form.get("token") or "").strip()
     error = None
+    scopes: list[str] = []
     if not token:
         error = "Enter an API token."
     else:
         async with Api(api_base(request), token) as api:
             try:
                 await api.workers()
+                scopes = [str(s) for s in (await api.whoami())["scopes"]]
             except ApiError as exc:
                 error = ("That token is not valid (unknown or revoked)." if exc.status == 401
                          else f"That token cannot read the daemon: {exc.message}")
     if error:
         return render(request, "login.html", status=401, title="Log in", next=nxt,
                       error=error)
-    # A fresh session (and CSRF token) for the logged-in user.
-    request.set_session({"token": token, "csrf": secrets.token_urlsafe(32)})
+    # A fresh session (and CSRF token) for the logged-in user; its scopes decide which
+    # actions the pages offer.
+    request.set_session({"token": token, "csrf": secrets.token_urlsafe(32),
+                         "scopes": scopes})
     return Redirect(nxt, status_code=303)
 
 
@@ -218,9 +222,12 @@ async def session_page(request: Req) -> Response[Any]:
 
     async def page(api: Api) -> Response[Any]:
         session = await api.session(session_id)
+        # Programs the daemon has let go of come from the store without the live-only
+        # fields (held...): program_row gives every program the same fields.
+        session["programs"] = [program_row(p) for p in session["programs"]]
         trace = await api.trace(session_id)
         workers = [worker_row(w) for w in await api.workers()]
-        runs = [r for r in await _runs_or_none(api) if r.get("session_id") == session_id]
+        runs = [r for r in await runs_or_none(api) if r.get("session_id") == session_id]
         live = any(p.get("status") not in ("STOPPED", "FAILED") for p in session["programs"])
         here = f"/ui/session?id={qall(session_id)}"
         return render(
@@ -233,7 +240,7 @@ async def session_page(request: Req) -> Response[Any]:
     return await with_api(request, page)
 
 
-async def _runs_or_none(api: Api) -> list[dict[str, Any]]:
+async def runs_or_none(api: Api) -> list[dict[str, Any]]:
     try:
         return await api.runs()
     except ApiError as exc:

@@ -7,15 +7,17 @@ its reports. Names travel in the query string (?name=), so any name has a page.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 from litestar import Response, get, post
 
-from webui.client import Api, seg
+from webui.client import Api, ApiError, seg
 from webui.diffview import side_by_side
 from webui.web import Form, FormError, Req, form_action, int_param, qall, refill, render, with_api
 
-ACTIONS = ("save", "validate", "activate", "rollback")
+ACTIONS = ("save", "validate", "activate", "rollback", "derive")
 STARTER = '''from scheduling.kv.baselines import StickyPolicy
 
 
@@ -97,6 +99,8 @@ async def _policy_action(api: Api, form: Form) -> tuple[str, str | None]:
     if not name:
         raise FormError("name: enter the policy's name")
     path = f"/v1/policies/{seg(name)}"
+    if action == "derive":
+        return await _derive(api, path, name, str(form.get("base") or ""))
     if action == "save":
         return await _save(api, path, name, form)
     if action == "rollback":
@@ -119,6 +123,39 @@ async def _save(api: Api, path: str, name: str, form: Form) -> tuple[str, str | 
         raise FormError("source: the policy source is empty")
     out = await api.put(path, {"source": source, "layer": str(form.get("layer") or "kv")})
     return (f"saved {name} v{out['version']} (not active yet): {_verdict(out)}",
+            policy_url(name, int(out["version"]), "#report"))
+
+
+def derived_source(module: str, base_class: str, name: str, base: str) -> str:
+    """A new policy's first source: a subclass of built-in `base`'s class that passes
+    validation as it is (one class, `name` equal to the policy's)."""
+    words = re.findall(r"[A-Za-z0-9]+", name)
+    cls = "".join(w[:1].upper() + w[1:] for w in words)
+    cls = cls if cls[:1].isalpha() else f"Policy{cls}"
+    return (f"from {module} import {base_class}\n\n\n"
+            f"class {cls}({base_class}):\n"
+            f"    \"\"\"Starts as the built-in policy {json.dumps(base)}; override what "
+            f"you change.\"\"\"\n\n"
+            f"    name = {json.dumps(name)}  # must equal the policy's name\n")
+
+
+async def _derive(api: Api, path: str, name: str, base: str) -> tuple[str, str | None]:
+    """"New policy from this one": a built-in is never edited in place (its stored source
+    is its whole module, which cannot pass as a version); a new policy subclasses it."""
+    built_in = await api.policy(base) if base else {}
+    origin = built_in.get("derive_from")
+    if not origin:
+        raise FormError(f"base: {base!r} is not a built-in policy a new one can start from")
+    try:
+        await api.policy(name)
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+    else:
+        raise FormError(f"name: a policy named {name!r} exists already; choose another name")
+    source = derived_source(str(origin["module"]), str(origin["class"]), name, base)
+    out = await api.put(path, {"source": source, "layer": str(built_in["layer"])})
+    return (f"created {name} v{out['version']} from {base} (not active yet): {_verdict(out)}",
             policy_url(name, int(out["version"]), "#report"))
 
 

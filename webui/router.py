@@ -14,7 +14,7 @@ from litestar.datastructures import ResponseHeader
 from litestar.middleware.session.server_side import ServerSideSessionConfig
 from litestar.static_files import create_static_files_router
 
-from webui import controllers, policies, tools_page, workflows
+from webui import controllers, drilldown, policies, tools_page, workflows
 from webui.charts import History
 
 HERE = Path(__file__).parent
@@ -26,6 +26,7 @@ HANDLERS = [
     controllers.events, controllers.programs_page, controllers.programs_live,
     controllers.sessions_page, controllers.session_page, controllers.program_action,
     controllers.session_action,
+    drilldown.program_page, drilldown.request_page, drilldown.worker_page,
     policies.policies_page, policies.policy_page, policies.policy_diff_page,
     policies.policy_action,
     tools_page.tools_page, tools_page.reclaim,

@@ -25,6 +25,9 @@ from webui.client import Api, ApiError
 
 Req = Request[Any, Any, Any]
 Form = Any  # litestar's FormMultiDict
+# The API's scope that includes every other (daemon/access/auth.py; the UI may not
+# import the daemon).
+OPERATOR = "operator"
 PageWork = Callable[[Api], Awaitable[Response[Any]]]
 # An action returns the flash text and where to go next (None: the form's `next`).
 ActionWork = Callable[[Api, Form], Awaitable[tuple[str, str | None]]]
@@ -108,11 +111,25 @@ def safe_next(value: Any, default: str = "/ui/") -> str:
 # --- responses ---------------------------------------------------------------------------
 
 
+def scopes_of(request: Req) -> frozenset[str]:
+    """The logged-in token's scopes, as the daemon told the login (GET /v1/whoami)."""
+    held = request.session.get("scopes") if request.session else None
+    return frozenset(str(s) for s in held) if isinstance(held, list) else frozenset()
+
+
+def may(scopes: frozenset[str], scope: str) -> bool:
+    """Whether a page offers an action that needs `scope`: the API refuses it anyway,
+    but a read-only user should not be shown buttons that can only fail."""
+    return OPERATOR in scopes or scope in scopes
+
+
 def render(request: Req, template: str, status: int = 200, **context: Any) -> Response[str]:
     flashed = request.session.pop("flash", None) if request.session else None
+    scopes = scopes_of(request)
     html = _env.get_template(template).render(
         csrf=csrf_token(request), flash=flashed, logged_in=token_of(request) is not None,
-        path=request.url.path, query=str(request.url.query or ""), **context)
+        path=request.url.path, query=str(request.url.query or ""),
+        may=lambda scope: may(scopes, scope), **context)
     return Response(html, status_code=status, media_type=MediaType.HTML)
 
 

@@ -16,7 +16,8 @@ an unused one.
 
 Where the rule is applied, so that a new endpoint cannot miss it:
 - `require_owner`, a guard on every route after the scope guard, checks each path
-  parameter that names an object (`program_id`, `session_id`, `run_id`, `response_id`);
+  parameter that names an object (`program_id`, `session_id`, `run_id`, `response_id`,
+  `request_id`);
 - routes that name objects in a body or header check them with `check_program` /
   `check_session` / `check_response` (the gateway, a run's session, a response's
   `previous_response_id`);
@@ -142,6 +143,15 @@ async def response_owner(core: Core, response_id: str) -> str | None:
     return owner
 
 
+async def request_owner(core: Core, request_id: str) -> str | None:
+    """A request belongs to the tenant of the session it was made in."""
+    await core.writer.flush()  # a request may be newer than the last flush
+    async with core.sessions() as s:
+        session_id = await s.scalar(select(models.Request.session_id)
+                                    .where(models.Request.id == request_id))
+    return None if session_id is None else await session_owner(core, session_id)
+
+
 async def session_owners(core: Core, session_ids: set[str]) -> dict[str, str]:
     """Tenant by session id for many sessions in one read (unknown ones are left out)."""
     if not session_ids:
@@ -200,8 +210,8 @@ async def check_response(core: Core, access: Access, response_id: str | None,
 async def require_owner(connection: ASGIConnection[Any, Any, Any, Any],
                         _handler: BaseRouteHandler) -> None:
     """The guard after `auth.require_scope`: resolves the request's access and refuses
-    (404) a path parameter that names another tenant's program, session, run or
-    response."""
+    (404) a path parameter that names another tenant's program, session, run, response
+    or request."""
     principal = principal_of(connection)
     if principal is None or OPERATOR in principal.scopes:
         return  # auth off, a public route, or an operator: everything
@@ -215,3 +225,6 @@ async def require_owner(connection: ASGIConnection[Any, Any, Any, Any],
     run_id = params.get("run_id")
     if run_id is not None and not access.allows(await run_owner(connection, core, run_id)):
         raise _unknown("run", run_id, "run_id")
+    request_id = params.get("request_id")
+    if request_id is not None and not access.allows(await request_owner(core, request_id)):
+        raise _unknown("request", request_id, "request_id")

@@ -25,6 +25,7 @@ from sqlalchemy import select, update
 
 from daemon.policies.layers import LAYERS, Layer
 from daemon.policies.loop_hold import with_hold
+from daemon.policies.sandbox import module_allowed
 from daemon.policies.swap import FAILURES_TO_RETIRE, Active, Failure, Guard
 from daemon.policies.validate import Report, filename_for, load_class, validate
 from db import models
@@ -126,9 +127,22 @@ class PolicyService:
             out["source_version"] = current.version
             out["source"] = current.source
             out["versions"] = [_version_dict(v, source=False) for v in versions]
+        out["derive_from"] = self._derive_from(row)
         if events:
             out["events"] = await self.events(name)
         return out
+
+    def _derive_from(self, row: models.Policy) -> dict[str, str] | None:
+        """Where a built-in's class is, so a new policy can subclass it: a built-in's
+        stored source is its whole module, which never passes as a new version (one
+        class, named as the policy, is the rule); None for stored policies."""
+        layer = LAYERS.get(row.layer)
+        if layer is None or row.name not in layer.builtins:
+            return None
+        cls = type(layer.builtin(row.name, self.core))
+        if not module_allowed(cls.__module__):
+            return None  # a policy could not import it
+        return {"module": cls.__module__, "class": cls.__qualname__}
 
     async def versions(self, name: str) -> list[dict[str, Any]]:
         async with self.core.sessions() as s:

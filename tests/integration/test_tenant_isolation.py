@@ -56,6 +56,7 @@ class World:
     b: str  # tenant b: read, submit
     b_run: str
     b_response: str
+    b_request: str  # B_PROGRAM's first request
     a_ui: httpx.Client
 
 
@@ -106,7 +107,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             "model": MODEL, "input": "x", "instructions": RESPONSE_SECRET,
             "max_output_tokens": 2})
         assert r.status_code == 200, r.text
-        yield World(d, a, b, run["id"], r.json()["id"], login(d, a))
+        b_request = d.get(f"/v1/programs/{B_PROGRAM}").json()["requests"][0]["id"]
+        yield World(d, a, b, run["id"], r.json()["id"], b_request, login(d, a))
     finally:
         d.stop()
 
@@ -128,6 +130,7 @@ class Case:
 NOT_FOUND, FORBIDDEN, OK = 404, 403, 200
 RUN = "{run}"  # replaced by B's run id
 RESPONSE = "{response}"  # replaced by B's stored response's id
+REQUEST = "{request}"  # replaced by B's request's id
 SPEC = {"name": "x", "version": 1}
 
 # Every route the app serves: (method, template) -> A's case.
@@ -152,6 +155,9 @@ CASES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/sessions/{session_id:str}/trace"): Case(f"/v1/sessions/{B_SESSION}/trace",
                                                          NOT_FOUND),
     ("GET", "/v1/workers"): Case("/v1/workers", OK),
+    ("GET", "/v1/workers/{worker_id:str}"): Case("/v1/workers/local-sim-0", OK),
+    ("GET", "/v1/requests/{request_id:str}"): Case(f"/v1/requests/{REQUEST}", NOT_FOUND),
+    ("GET", "/v1/whoami"): Case("/v1/whoami", OK),
     ("POST", "/v1/programs/{program_id:str}/kill"): Case(f"/v1/programs/{B_PROGRAM}/kill",
                                                          FORBIDDEN, {}),
     ("POST", "/v1/programs/{program_id:str}/migrate"): Case(
@@ -219,6 +225,9 @@ CASES: dict[tuple[str, str], Case] = {
     ("GET", "/ui/programs/live"): Case("/ui/programs/live", OK, ui=True),
     ("GET", "/ui/sessions"): Case("/ui/sessions?tenant=b", OK, ui=True),
     ("GET", "/ui/session"): Case(f"/ui/session?id={B_SESSION}", NOT_FOUND, ui=True),
+    ("GET", "/ui/program"): Case(f"/ui/program?id={B_PROGRAM}", NOT_FOUND, ui=True),
+    ("GET", "/ui/request"): Case(f"/ui/request?id={REQUEST}", NOT_FOUND, ui=True),
+    ("GET", "/ui/worker"): Case("/ui/worker?id=local-sim-0", OK, ui=True),
     ("POST", "/ui/actions/program"): Case("/ui/actions/program", 303,
                                           {"id": B_PROGRAM, "action": "kill"}, ui=True),
     ("POST", "/ui/actions/session"): Case("/ui/actions/session", 303,
@@ -269,7 +278,8 @@ def _secrets_of_b(world: World, case: Case) -> list[str]:
 
 def _send(world: World, method: str, case: Case) -> tuple[int, str]:
     """A's (status, text) for the case; a stream is read up to its first chunk."""
-    path = case.path.replace(RUN, world.b_run).replace(RESPONSE, world.b_response)
+    path = case.path.replace(RUN, world.b_run).replace(RESPONSE, world.b_response).replace(
+        REQUEST, world.b_request)
     if not case.ui:
         body = {k: world.b_response if v == RESPONSE else v for k, v in case.body.items()} \
             if case.body is not None else None
@@ -309,6 +319,11 @@ def test_lists_show_a_none_of_b(world: World) -> None:
     assert world.b_run not in _req(d, a, "GET", "/v1/runs").text
     tools = _req(d, a, "GET", "/v1/tools").json()
     assert B_PROGRAM not in tools["by_program"]
+    # A worker serves every tenant; the requests its page lists are the caller's only.
+    worker = d.get(f"/v1/requests/{world.b_request}").json()["worker_id"]
+    assert world.b_request in _req(d, world.b, "GET", f"/v1/workers/{worker}").text
+    assert world.b_request not in _req(d, a, "GET", f"/v1/workers/{worker}").text
+    assert world.b_request not in world.a_ui.get(f"/ui/worker?id={worker}").text
     tenants = _req(d, a, "GET", "/v1/scheduling").json()["tenants"]
     assert "b" not in str(tenants), tenants
     # The owner and the operator do see them.

@@ -175,7 +175,7 @@ def test_programs_paginate_and_sort(daemon: DaemonProcess, ui: httpx.Client) -> 
     assert len(shown) == 27
     ascending = ui.get("/ui/programs", params={"session": "page-s", "sort": "id",
                                                "dir": "asc"}).text
-    ids = re.findall(r"<td>(page-p\d\d)</td>", ascending)
+    ids = re.findall(r'<tr data-program="(page-p\d\d)">', ascending)
     assert ids == sorted(ids) and ids[0] == "page-p00" and len(ids) == 25
 
 

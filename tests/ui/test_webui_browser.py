@@ -2,7 +2,8 @@
 `agentd start` with sim workers. Log in, watch a program appear live (SSE), open its
 session trace, migrate it; start a workflow run from the form and follow it live, see
 its futures graph; write, validate, activate and roll back a policy; the tools page;
-a narrow window.
+a narrow window. Then every detail page (session, program, request, worker, run) for
+objects in every state (live, STOPPED, FAILED, let go by the daemon) and after a restart.
 
 Screenshots are test artifacts: they go to $AGENTD_ARTIFACTS/webui (CI uploads that
 folder) or the test's tmp dir. With AGENTD_UPDATE_SCREENSHOTS=1 the overview and the
@@ -13,6 +14,7 @@ Skipped when Chromium or Playwright is missing, unless AGENTD_REQUIRE_BROWSER=1.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -26,6 +28,7 @@ import pytest
 from console.workflow_cmd import read_bundle
 from tests.daemon_process import DaemonProcess
 from tests.ui.webui_support import require_ui
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -323,3 +326,144 @@ def a_narrow_window(page: Any, d: DaemonProcess, shots: Path) -> None:
         assert no_sideways_scroll(page), path
     page.goto(f"{d.url}/ui/policy?name=e2e-canary")
     page.screenshot(path=str(shots / "11-narrow-policy.png"), full_page=True)
+
+
+# --- every page for every object in every state, a restart included ---------------------
+
+
+def test_every_page_opens_in_every_state_and_after_a_restart(browser: Any,
+                                                              tmp_path: Path) -> None:
+    """Sessions, programs, requests, runs and workers: live, STOPPED, FAILED, let go by
+    the daemon, and read back from the store after a restart (with one worker fewer, so
+    one worker is known only from the requests it ran). No page may answer 5xx."""
+    # Its own folder: the end-to-end test counts the screenshots in its own.
+    shots = (Path(os.environ["AGENTD_ARTIFACTS"]) if os.environ.get("AGENTD_ARTIFACTS")
+             else tmp_path) / "webui-drilldown"
+    shots.mkdir(parents=True, exist_ok=True)
+    d = DaemonProcess(data_dir=tmp_path / "data", workers=2).start()
+    try:
+        require_ui(d)
+        made = make_programs_in_every_state(d)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.set_default_timeout(15_000)
+        failures: list[str] = []
+
+        def note_failure(response: Any) -> None:
+            if response.status >= 500:
+                failures.append(f"{response.status} {response.url}")
+
+        page.on("response", note_failure)
+        log_in(page, d)
+        walk_every_page(page, d, made, live="bw-live", restarted=False)
+        page.goto(f"{d.url}/ui/program?id=bw-live")
+        page.screenshot(path=str(shots / "01-program-live.png"), full_page=True)
+        publish(shots / "01-program-live.png", "webui-program.png")
+        d.stop()
+        d = DaemonProcess(data_dir=d.data_dir, port=d.port, workers=1).start()
+        log_in(page, d)  # the UI's sessions do not outlive the daemon
+        walk_every_page(page, d, made, live=None, restarted=True)
+        page.screenshot(path=str(shots / "02-run-program-after-restart.png"), full_page=True)
+        page.close()
+        assert failures == []
+    finally:
+        d.stop()
+
+
+def make_programs_in_every_state(d: DaemonProcess) -> dict[str, Any]:
+    """A session with a live, a STOPPED and a FAILED program, the ended two let go by the
+    daemon; the live one's second request ran on worker local-sim-1 (the restart drops
+    that worker); a finished workflow run in its own session."""
+    def chat(program_id: str) -> None:
+        r = d.post("/v1/chat/completions", json={
+            "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+            headers={"X-Program-Id": program_id, "X-Session-Id": "bw-s"})
+        assert r.status_code == 200, r.text
+
+    for p in ("bw-live", "bw-stopped", "bw-failed"):
+        chat(p)
+    r = d.post("/v1/programs/bw-live/migrate", json={"worker_id": "local-sim-1"})
+    assert r.status_code == 200, r.text
+    chat("bw-live")
+    assert d.post("/v1/programs/bw-stopped/release").json()["status"] == "STOPPED"
+    assert d.post("/v1/programs/bw-failed/kill").json()["status"] == "FAILED"
+    def let_go(program_id: str) -> bool:  # only the stored row has no `held`
+        return "held" not in d.get(f"/v1/programs/{program_id}").json()
+
+    for p in ("bw-stopped", "bw-failed"):
+        wait_for(functools.partial(let_go, p), 60, f"the daemon to let {p} go")
+    r = d.post("/v1/workflows", json={"name": "analyst", "entry": "main:main",
+                                      "files": read_bundle(ROOT / "examples" / "analyst")})
+    assert r.status_code == 201, r.text
+    run = d.run_to_end({"workflow": "analyst", "session_id": "bw-analyst",
+                        "args": {"ticker": "ACME"}})
+    assert run["status"] == "finished", run
+    moved = d.get("/v1/programs/bw-live").json()["requests"][-1]
+    assert moved["worker_id"] == "local-sim-1", moved
+    return {"run": run, "moved_request": moved["id"]}
+
+
+def log_in(page: Any, d: DaemonProcess) -> None:
+    page.goto(f"{d.url}/ui/login")
+    page.get_by_label("API token").fill(d.token)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url(f"{d.url}/ui/")
+
+
+def walk_every_page(page: Any, d: DaemonProcess, made: dict[str, Any], live: str | None,
+                    restarted: bool) -> None:
+    from playwright.sync_api import expect
+
+    def opened(path: str) -> None:
+        response = page.goto(f"{d.url}{path}")
+        assert response is not None and response.status == 200, (path, response.status)
+
+    statuses = {p: d.get(f"/v1/programs/{p}").json()["status"]
+                for p in ("bw-live", "bw-stopped", "bw-failed")}
+    assert statuses["bw-stopped"] == "STOPPED" and statuses["bw-failed"] == "FAILED"
+
+    # The session holds programs in every status, each row linking to its program page.
+    opened("/ui/session?id=bw-s")
+    for program_id, status in statuses.items():
+        row = page.locator(f'#session-programs tr[data-program="{program_id}"]')
+        expect(row.locator('td[data-field="status"]')).to_contain_text(status)
+    if live is not None:
+        expect(page.get_by_role("button", name=f"release program {live}")).to_have_count(1)
+
+    # Each program's page, reached by its link; its request's page, then its worker's.
+    for program_id, status in statuses.items():
+        opened("/ui/session?id=bw-s")
+        page.locator(f'#session-programs tr[data-program="{program_id}"]').get_by_role(
+            "link", name=program_id).click()
+        page.wait_for_url(f"**/ui/program?id={program_id}")
+        expect(page.locator("#program-status")).to_contain_text(status)
+        expect(page.locator("#program-source")).to_have_text(
+            re.compile("^Live" if program_id == live else "^On record"))
+        first = page.locator("#program-requests tbody tr").first
+        request_id = first.get_attribute("data-request")
+        first.get_by_role("link", name=request_id).click()
+        page.wait_for_url("**/ui/request?id=*")
+        expect(page.locator("h1")).to_contain_text(request_id)
+        expect(page.locator("#request-facts")).to_contain_text(program_id)
+
+    # The worker the restart dropped: known from the requests it ran.
+    opened(f"/ui/request?id={made['moved_request']}")
+    page.locator("#request-facts").get_by_role("link", name="local-sim-1").click()
+    page.wait_for_url("**/ui/worker?id=local-sim-1")
+    expect(page.locator("#worker-source")).to_have_text(
+        re.compile("^On record" if restarted else "^Live"))
+    expect(page.locator(f'#worker-requests tr[data-request="{made["moved_request"]}"]')
+           ).to_have_count(1)
+
+    # A finished run: its page, its Session link, its Program link.
+    run = made["run"]
+    opened(f"/ui/run?id={run['id']}")
+    expect(page.locator("#run-status")).to_have_text("finished")
+    page.get_by_role("link", name="bw-analyst").click()
+    page.wait_for_url("**/ui/session?id=bw-analyst")
+    expect(page.locator("svg#futures g.future")).to_have_count(5)
+    expect(page.locator(f'#session-programs tr[data-program="{run["program_id"]}"]')
+           ).to_contain_text("STOPPED")
+    opened(f"/ui/run?id={run['id']}")
+    page.get_by_role("link", name=run["program_id"]).click()
+    page.wait_for_url("**/ui/program?id=*")
+    expect(page.locator("#program-facts")).to_contain_text(run["id"])

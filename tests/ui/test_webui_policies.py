@@ -208,3 +208,48 @@ def test_hostile_policy_names_are_escaped(daemon: DaemonProcess, ui: httpx.Clien
     assert f'href="/ui/policy?name={quote(HOSTILE, safe="")}"' in pages[0]
     assert 'class="d-add"' in pages[2]
     assert policy(daemon, HOSTILE)["name"] == HOSTILE
+
+
+def test_a_built_in_is_not_edited_in_place_but_starts_a_new_policy(
+        daemon: DaemonProcess, ui: httpx.Client) -> None:
+    """A built-in's stored source is its whole module, which can never pass as a new
+    version: its page offers "new policy from this one" instead of the editor."""
+    page = ui.get(page_of("sticky")).text
+    assert 'id="policy-editor"' not in page and 'id="policy-derive"' in page
+    assert found(r'id="derive-name"[^>]*value="([^"]*)"', page, 1) == "sticky-custom"
+    r = submit(ui, page_of("sticky"), "/ui/actions/policy", action="derive", base="sticky",
+               name="ui-sticky-2")
+    assert r.headers["location"] == page_of("ui-sticky-2", 1) + "#report"
+    shown = ui.get(page_of("ui-sticky-2", 1)).text
+    assert "created ui-sticky-2 v1 from sticky (not active yet): validation ok" in shown
+    report = found(r'<div id="validation-report".*?</div>', shown)
+    assert "Valid" in report and "class <code>UiSticky2</code>" in report
+    assert "from scheduling.kv.baselines import StickyPolicy" in text_of(shown)
+    assert 'id="policy-editor"' in shown  # a stored policy is edited in place
+    assert policy(daemon, "ui-sticky-2")["layer"] == "kv"
+    assert len(policy(daemon, "sticky")["versions"]) == 1  # type: ignore[arg-type]
+
+    # A taken name and a base that is not a built-in are refused, naming the field.
+    submit(ui, page_of("sticky"), "/ui/actions/policy", action="derive", base="sticky",
+           name="ui-sticky-2")
+    assert esc("name: a policy named 'ui-sticky-2' exists already") in flash_of(
+        ui, page_of("sticky"))
+    assert len(policy(daemon, "ui-sticky-2")["versions"]) == 1  # type: ignore[arg-type]
+    submit(ui, page_of("ui-sticky-2"), "/ui/actions/policy", action="derive",
+           base="ui-sticky-2", name="ui-sticky-3")
+    assert esc("base: 'ui-sticky-2' is not a built-in") in flash_of(ui, page_of("ui-sticky-2"))
+
+
+def test_a_new_policy_from_any_built_in_passes_validation(daemon: DaemonProcess,
+                                                          ui: httpx.Client) -> None:
+    built_ins = [p["name"] for p in api_json(daemon, "/v1/policies")["data"]
+                 if policy(daemon, p["name"]).get("derive_from")]
+    assert len(built_ins) >= 20, built_ins
+    failed = []
+    for base in built_ins:
+        name = f"from-{base}"
+        submit(ui, page_of(base), "/ui/actions/policy", action="derive", base=base, name=name)
+        report = policy(daemon, name)["versions"][0]["validation"]  # type: ignore[index]
+        if not report.get("ok"):
+            failed.append((base, report.get("errors")))
+    assert failed == []

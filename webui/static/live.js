@@ -16,9 +16,12 @@
     children.forEach(function (c) { parent.appendChild(c); });
   }
   function badge(status) { return el("span", status, "badge st-" + String(status).toLowerCase()); }
-  function sessionLink(id) {
-    var a = el("a", id); a.href = "/ui/session?id=" + encodeURIComponent(id); return a;
+  // Every object's id links to its page (/ui/<kind>?id=...), as the server renders it.
+  function link(kind, id) {
+    var a = el("a", id); a.href = "/ui/" + kind + "?id=" + encodeURIComponent(id); return a;
   }
+  function sessionLink(id) { return link("session", id); }
+  function cell(child) { var td = el("td"); td.appendChild(child); return td; }
   function ago(ts) {
     var d = Math.max(Date.now() / 1000 - ts, 0);
     return d < 60 ? Math.round(d) + "s ago" : d < 3600 ? Math.round(d / 60) + "m ago" : (d / 3600).toFixed(1) + "h ago";
@@ -38,7 +41,7 @@
   // --- the overview -------------------------------------------------------------------
   function workerRow(w) {
     var tr = el("tr"); tr.dataset.worker = w.id;
-    tr.appendChild(el("td", w.id));
+    tr.appendChild(cell(link("worker", w.id)));
     tr.appendChild(el("td", w.engine, "engine"));
     tr.appendChild(el("td", w.model));
     var h = el("td"); h.appendChild(el("span", w.status, "badge " + (w.healthy ? "ok" : "bad")));
@@ -54,7 +57,7 @@
   }
   function newestRow(p) {
     var tr = el("tr"); tr.dataset.program = p.id;
-    tr.appendChild(el("td", p.id));
+    tr.appendChild(cell(link("program", p.id)));
     var s = el("td"); s.appendChild(sessionLink(p.session_id)); tr.appendChild(s);
     var st = el("td"); st.appendChild(badge(p.status)); tr.appendChild(st);
     tr.appendChild(el("td", p.worker_id || ""));
@@ -93,13 +96,16 @@
     tr.querySelectorAll("[data-field]").forEach(function (td) {
       var f = td.dataset.field;
       if (f === "status") { fill(td, [badge(p.status)]); if (p.held) { td.appendChild(document.createTextNode(" (held)")); } }
-      else if (f === "worker_id") { td.textContent = (p.worker_id || "") + (p.pinned ? " (pinned)" : ""); }
+      else if (f === "worker_id") {
+        fill(td, p.worker_id ? [link("worker", p.worker_id)] : []);
+        if (p.pinned) { td.appendChild(document.createTextNode(" (pinned)")); }
+      }
       else if (f in p) { td.textContent = String(p[f]); }
     });
   }
   function programRow(p) {
     var tr = el("tr"); tr.dataset.program = p.id;
-    tr.appendChild(el("td", p.id));
+    tr.appendChild(cell(link("program", p.id)));
     var s = el("td"); s.appendChild(sessionLink(p.session_id)); tr.appendChild(s);
     ["status", "worker_id", "steps", "context_tokens"].forEach(function (f) {
       var td = el("td", null, f === "steps" || f === "context_tokens" ? "num" : ""); td.dataset.field = f; tr.appendChild(td);
