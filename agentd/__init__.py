@@ -22,6 +22,7 @@ Calls run on a thread pool: in this process (local mode) or inside a daemon sand
 (daemon mode, `agentctl submit`); see agentd/runtime.py for the differences.
 """
 
+from agentd.context import Candidate, Context, ContextDropped, Generation
 from agentd.future import (
     ALL,
     FIRST,
@@ -36,7 +37,8 @@ from agentd.runtime import LLMError, LLMUnavailable, current, llm, local_runtime
 from agentd.stubs import agent, as_stub, tool
 
 __all__ = [
-    "ALL", "FIRST", "DependencyError", "Future", "LLMError", "LLMUnavailable", "ManagedDict",
+    "ALL", "FIRST", "Candidate", "Context", "ContextDropped", "DependencyError", "Future",
+    "Generation", "LLMError", "LLMUnavailable", "ManagedDict",
     "ManagedList", "agent", "as_future", "as_stub", "current", "llm", "local_runtime",
     "resolve", "tool", "wait",
 ]

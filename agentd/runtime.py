@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -225,6 +226,10 @@ class Runtime:
             max_tokens: int | None = None, **params: Any) -> str:
         raise NotImplementedError
 
+    def endpoint(self) -> Endpoint:
+        """Where agentd.Context sends its calls, and as which program."""
+        raise NotImplementedError
+
     def load_state(self, name: str) -> Any:
         raise NotImplementedError
 
@@ -258,6 +263,21 @@ def _first_model(base: str, headers: dict[str, str]) -> str:
     if not data:
         raise LLMError(f"agentd.llm: {base} serves no models")
     return str(data[0]["id"])
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """An agentd daemon's /v1 base URL, the headers to send, the program and session its
+    calls run in (None: the daemon's choice), and the model (None: the first served)."""
+
+    base: str
+    headers: dict[str, str]
+    program_id: str | None = None
+    session_id: str | None = None
+    model: str | None = None
+
+    def first_model(self) -> str:
+        return self.model or _first_model(self.base, self.headers)
 
 
 class LocalRuntime(Runtime):
@@ -297,6 +317,18 @@ class LocalRuntime(Runtime):
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         return _chat(base, headers, body)
+
+    def endpoint(self) -> Endpoint:
+        url = os.environ.get("AGENTD_URL", "").rstrip("/")
+        if not url:
+            raise LLMUnavailable(
+                "agentd.Context: no daemon in local mode; set AGENTD_URL to an agentd daemon "
+                "(e.g. http://127.0.0.1:8420) and AGENTD_TOKEN to its API token, or submit "
+                "the workflow to a daemon")
+        token = os.environ.get("AGENTD_TOKEN") or os.environ.get("OPENAI_API_KEY")
+        return Endpoint(url if url.endswith("/v1") else f"{url}/v1",
+                        {"Authorization": f"Bearer {token}"} if token else {},
+                        model=os.environ.get("AGENTD_MODEL") or self._model)
 
     def load_state(self, name: str) -> Any:
         return self.state.get(name)
@@ -388,13 +420,21 @@ class DaemonRuntime(Runtime):
 
     # LLM calls: the driver uses the run's program; each agent instance its own program in
     # the same session, because a program issues one LLM call at a time.
-    def llm(self, messages: list[dict[str, Any]], model: str | None = None,
-            max_tokens: int | None = None, **params: Any) -> str:
+    def _llm_program(self) -> str:
         key = _current_llm_key()
         program = self.program_id if key is None else f"{self.program_id}.{key}"
         if key is None and current_future_id() is not None:
             program = f"{self.program_id}.{threading.current_thread().name}"
         self.llm_programs.add(program)
+        return program
+
+    def endpoint(self) -> Endpoint:
+        return Endpoint(f"{self.url}/v1", dict(self.http.headers), self._llm_program(),
+                        self.session_id, self._model)
+
+    def llm(self, messages: list[dict[str, Any]], model: str | None = None,
+            max_tokens: int | None = None, **params: Any) -> str:
+        program = self._llm_program()
         headers = dict(self.http.headers)
         base = f"{self.url}/v1"
         if model is None:

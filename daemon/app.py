@@ -14,6 +14,7 @@ from litestar.openapi import OpenAPIConfig
 
 from daemon.access import auth
 from daemon.api import drain, tenants
+from daemon.api.contexts import ContextsController
 from daemon.api.drilldown import DrilldownController
 from daemon.api.errors import EXCEPTION_HANDLERS, ErrorSchemaPlugin
 from daemon.api.gateway import GatewayController
@@ -100,7 +101,8 @@ class Daemon:
 def create_app(config: Config) -> Litestar:
     daemon = Daemon(config)
     app = Litestar(
-        route_handlers=[GatewayController, ResponsesController, RestController,
+        route_handlers=[GatewayController, ResponsesController, ContextsController,
+                        RestController,
                         OperatorController, OpsController, ToolsController, SchedulingController,
                         DrilldownController, WhoamiController,
                         drain.DrainController, create_ui_router(config.base_url)],

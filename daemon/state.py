@@ -15,6 +15,7 @@ from daemon.workers.protocol import (
     Finish,
     MessageDelta,
     SamplingParams,
+    Segment,
     TokenLogprob,
     Tools,
     ToolSupport,
@@ -110,6 +111,7 @@ class StreamItem:
     error: str | None = None
     message: MessageDelta | None = None  # requests with tools: the parsed view of `text`
     logprobs: list[TokenLogprob] | None = None
+    token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -125,6 +127,8 @@ class RequestState:
     messages: list[ChatMessage] | None = None
     priority: int = 0
     tools: Tools | None = None
+    prompt_token_ids: list[int] | None = None  # a prompt already tokenized (the replay's)
+    segments: list[Segment] | None = None  # a context's new turns after prompt_token_ids
     status: RequestStatus = RequestStatus.QUEUED
     worker_id: str | None = None
     dispatched_at: float | None = None

@@ -269,6 +269,8 @@ class Core:
         messages: list[protocol.ChatMessage] | None = None,
         priority: int = 0,
         tools: protocol.Tools | None = None,
+        prompt_token_ids: list[int] | None = None,
+        segments: list[protocol.Segment] | None = None,
     ) -> RequestState:
         if not self._accepting:
             raise CoreError("the daemon is shutting down", status=503, code="unavailable")
@@ -282,7 +284,8 @@ class Core:
         req = RequestState(
             id=new_id("req"), program_id=program.id, session_id=program.session_id, kind=kind,
             model=model, sampling=sampling, queued_at=now, prompt=prompt, messages=messages,
-            priority=priority, tools=tools,
+            priority=priority, tools=tools, prompt_token_ids=prompt_token_ids,
+            segments=segments,
         )
         self.requests[req.id] = req
         program.active_request = req.id
@@ -391,7 +394,8 @@ class Core:
             return protocol.encode(protocol.Submit(
                 request_id=req.id, program_id=req.program_id, prompt=req.prompt,
                 messages=req.messages, continuation=req.text_so_far, sampling=sampling,
-                priority=req.priority, tools=req.tools,
+                priority=req.priority, tools=req.tools, prompt_token_ids=req.prompt_token_ids,
+                segments=req.segments or [],
             ))
         except protocol.EncodeError as exc:
             log.warning("request %s of program %s cannot be sent: %s", req.id,
@@ -514,7 +518,8 @@ class Core:
         req.output_tokens += msg.num_tokens
         req.generated.append(msg.text)
         req.stream.put_nowait(StreamItem(text=msg.text, num_tokens=msg.num_tokens,
-                                         message=msg.message, logprobs=msg.logprobs))
+                                         message=msg.message, logprobs=msg.logprobs,
+                                         token_ids=msg.token_ids))
 
     def _on_finish(self, worker: WorkerState, msg: protocol.Finish) -> None:
         worker.inflight.discard(msg.request_id)
@@ -539,7 +544,7 @@ class Core:
                 request_id=req.id, reason=msg.reason, prompt_tokens=req.prompt_tokens,
                 cached_tokens=req.cached_tokens, output_tokens=req.output_tokens,
                 ttft_s=(req.first_token_at - req.queued_at) if req.first_token_at else None,
-                reply=msg.reply,
+                reply=msg.reply, segment_token_ids=msg.segment_token_ids,
             )
             status = RequestStatus.ABORTED if msg.reason == "abort" else RequestStatus.FINISHED
             self._end_request(req, status, msg.reason, finish=final)

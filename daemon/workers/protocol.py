@@ -16,7 +16,9 @@ import msgspec
 
 # 2: Register carries the worker key.
 # 3: tool calling (tools and tool-call messages in, parsed replies out) and logprobs.
-PROTOCOL_VERSION = 3
+# 4: programmable contexts: token-id prompts with appended segments, generated token ids
+#    back, regex / grammar / logit_bias sampling, token ids in logprobs.
+PROTOCOL_VERSION = 4
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -33,6 +35,26 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     logprobs: int | None = None
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    # Structured output other than a JSON schema (at most one of the three is set): a
+    # regular expression, or a grammar in the engine's grammar language (vLLM: EBNF/GBNF).
+    regex: str | None = None
+    grammar: str | None = None
+    # Added to the logits of these token ids before sampling.
+    logit_bias: dict[int, float] = {}
+
+
+class Segment(msgspec.Struct, frozen=True, kw_only=True):
+    """Text a context appends after its token ids, tokenized by the engine (which holds the
+    tokenizer and the chat template): `text` as it is (kind "text"), a chat turn of `role`
+    rendered by the template ("turn"; the first segment of an empty context gets the
+    template's opening too), or the template's opening of an assistant reply ("reply")."""
+
+    kind: str  # "text" | "turn" | "reply"
+    text: str = ""
+    role: str = ""
+
+
+SEGMENT_KINDS = ("text", "turn", "reply")
 
 
 class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
@@ -98,12 +120,14 @@ class Reply(msgspec.Struct, frozen=True, kw_only=True):
 class TopLogprob(msgspec.Struct, frozen=True):
     token: str
     logprob: float
+    token_id: int | None = None
 
 
 class TokenLogprob(msgspec.Struct, frozen=True, kw_only=True):
     token: str
     logprob: float
     top: list[TopLogprob] = []  # the likeliest tokens at this position, likeliest first
+    token_id: int | None = None
 
 
 class WorkerStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -153,6 +177,7 @@ class TokenDelta(msgspec.Struct, frozen=True, tag="delta", kw_only=True):
     # Requests with tools: what of `text` is content and which call pieces it completes.
     message: MessageDelta | None = None
     logprobs: list[TokenLogprob] | None = None  # one per token, when sampling asked
+    token_ids: list[int] = []  # the ids of this delta's tokens, in order
 
 
 class Finish(msgspec.Struct, frozen=True, tag="finish", kw_only=True):
@@ -165,6 +190,9 @@ class Finish(msgspec.Struct, frozen=True, tag="finish", kw_only=True):
     error: str | None = None
     # Requests with tools: the whole reply parsed (continuation included).
     reply: Reply | None = None
+    # Requests with segments: the ids they tokenized to, in order (what now follows the
+    # request's prompt_token_ids in the context).
+    segment_token_ids: list[int] = []
 
 
 # --- daemon -> worker -------------------------------------------------------
@@ -186,6 +214,8 @@ class Submit(msgspec.Struct, frozen=True, tag="submit", kw_only=True):
     prompt: str | None = None
     prompt_token_ids: list[int] | None = None
     messages: list[ChatMessage] | None = None
+    # With prompt_token_ids only: appended after them, in order (a context's new turns).
+    segments: list[Segment] = []
     # Text already generated before a failover; the engine continues after it.
     continuation: str = ""
     sampling: SamplingParams = SamplingParams()

@@ -27,6 +27,7 @@ ARG_SECRET = f"arg-{uuid.uuid4().hex}"  # B's run argument, then B's managed sta
 RESULT_SECRET = f"result-{uuid.uuid4().hex}"
 RESPONSE_SECRET = f"instructions-{uuid.uuid4().hex}"  # B's stored response's instructions
 B_SESSION, B_PROGRAM, B_IDLE = "b-sess", "b-prog", "b-idle"
+B_SNAPSHOT, B_SNAPSHOT_IDS = "b-snap", [7, 7, 7]  # a context snapshot: names are per tenant
 
 STORE = f'''import agentd
 
@@ -103,6 +104,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         for program in (B_PROGRAM, B_IDLE):
             r = _chat(d, b, json={"program_id": program, "session_id": B_SESSION})
             assert r.status_code == 200, r.text
+        r = _req(d, b, "PUT", f"/v1/contexts/snapshots/{B_SNAPSHOT}",
+                 json={"model": MODEL, "token_ids": B_SNAPSHOT_IDS})
+        assert r.status_code == 200, r.text
         r = _req(d, b, "POST", "/v1/responses", json={
             "model": MODEL, "input": "x", "instructions": RESPONSE_SECRET,
             "max_output_tokens": 2})
@@ -141,6 +145,15 @@ CASES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/completions"): Case("/v1/completions", NOT_FOUND, {
         "model": MODEL, "prompt": "x", "session_id": B_SESSION}),
     ("GET", "/v1/models"): Case("/v1/models", OK),
+    ("POST", "/v1/contexts/generate"): Case("/v1/contexts/generate", NOT_FOUND, {
+        "model": MODEL, "token_ids": [1], "program_id": B_PROGRAM}),
+    ("GET", "/v1/contexts/snapshots/{name:str}"): Case(f"/v1/contexts/snapshots/{B_SNAPSHOT}",
+                                                       NOT_FOUND),
+    ("DELETE", "/v1/contexts/snapshots/{name:str}"): Case(
+        f"/v1/contexts/snapshots/{B_SNAPSHOT}", NOT_FOUND),
+    # A's own snapshot of the same name (walked after A's GET and DELETE found none).
+    ("PUT", "/v1/contexts/snapshots/{name:str}"): Case(f"/v1/contexts/snapshots/{B_SNAPSHOT}",
+                                                       OK, {"model": MODEL, "token_ids": [1]}),
     ("POST", "/v1/responses"): Case("/v1/responses", NOT_FOUND, {
         "model": MODEL, "input": "x", "previous_response_id": RESPONSE}),
     ("GET", "/v1/responses/{response_id:str}"): Case(f"/v1/responses/{RESPONSE}", NOT_FOUND),
@@ -381,3 +394,12 @@ def test_operator_sees_every_tenant(world: World) -> None:
     assert d.get(f"/v1/sessions/{B_SESSION}").json()["state"]["vault"]["secret"] == ARG_SECRET
     assert d.get(f"/v1/runs/{world.b_run}").status_code == OK
     assert re.search(r'"tenant":\s*"b"', d.get("/v1/runs").text)
+
+
+def test_snapshot_names_are_per_tenant(world: World) -> None:
+    """A's snapshot of B's name is A's own (the walk's PUT, again here), and B's still
+    holds B's ids."""
+    path = f"/v1/contexts/snapshots/{B_SNAPSHOT}"
+    _req(world.d, world.a, "PUT", path, json={"model": MODEL, "token_ids": [1]})
+    assert _req(world.d, world.b, "GET", path).json()["token_ids"] == B_SNAPSHOT_IDS
+    assert _req(world.d, world.a, "GET", path).json()["token_ids"] == [1]

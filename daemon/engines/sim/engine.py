@@ -73,6 +73,7 @@ def request_from_submit(submit: Submit, eos_mean_tokens: float | None = None,
     A ``script`` (a tool call, a JSON value) is the output, and EOS comes right after it."""
     if submit.prompt_token_ids is not None:
         ids = list(submit.prompt_token_ids)
+        ids.extend(tokenizer.segment_ids(submit.segments, context_empty=not ids))
     elif submit.messages is not None:
         ids = tokenizer.encode(tokenizer.render_chat(submit.messages, submit.tools))
     else:
@@ -100,17 +101,34 @@ def request_from_submit(submit: Submit, eos_mean_tokens: float | None = None,
     )
 
 
-def token_logprob(seed: int, index: int, text: str, alternatives: int) -> TokenLogprob:
-    """Simulated log probabilities of output token ``index``: the token is the likeliest,
-    the ``alternatives`` below it share what is left, halving; the same in every run."""
+def token_logprob(seed: int, index: int, text: str, alternatives: int,
+                  token_id: int | None = None) -> TokenLogprob:
+    """Simulated log probabilities of output token ``index`` (id ``token_id``): the token is
+    the likeliest, the ``alternatives`` below it share what is left, halving; the same in
+    every run. Alternative ``j`` is the sim vocabulary's piece ``sim<index>_<j>``."""
     rng = random.Random(seed * 65_537 + index)
     chosen = rng.uniform(0.5, 0.99)
-    top = [TopLogprob(text, math.log(chosen))]
+    top = [TopLogprob(text, math.log(chosen), token_id)]
     left = 1.0 - chosen
     for j in range(1, alternatives):
         left /= 2
-        top.append(TopLogprob(f" sim{index}.{j}", math.log(left)))
-    return TokenLogprob(token=text, logprob=top[0].logprob, top=top[:alternatives])
+        top.append(TopLogprob(f" sim{index}_{j}", math.log(left),
+                              tokenizer.piece_id(f"sim{index}_{j}")))
+    return TokenLogprob(token=text, logprob=top[0].logprob, top=top[:alternatives],
+                        token_id=token_id)
+
+
+# Sampling the sim cannot honour: refused per request, never ignored.
+_UNSUPPORTED = (("regex", "regex-constrained output"), ("grammar", "grammar-constrained output"),
+                ("logit_bias", "logit_bias"))
+
+
+def unsupported(submit: Submit) -> str | None:
+    """Why the sim cannot serve ``submit`` as asked, or None."""
+    for name, what in _UNSUPPORTED:
+        if getattr(submit.sampling, name):
+            return f"{name}: the simulated engine has no real logits, so it cannot do {what}"
+    return None
 
 
 @dataclass(eq=False)
@@ -148,6 +166,12 @@ class _Stream:
         return MessageDelta(tool_calls=[
             ToolCallDelta(index=i, id=c.id, name=c.name, arguments=c.arguments)
             for i, c in enumerate(self.script.calls)])
+
+    def segment_ids(self) -> list[int]:
+        submit = self.submit
+        if not submit.segments or submit.prompt_token_ids is None:
+            return []
+        return tokenizer.segment_ids(submit.segments, context_empty=not submit.prompt_token_ids)
 
     def reply(self, reason: str) -> Reply | None:
         if not self.parses_calls:
@@ -209,8 +233,15 @@ class SimEngine:
         loop = asyncio.get_running_loop()
         seed = request_seed(submit)
         script = scripted_reply(submit, seed)
-        req = request_from_submit(submit, self.eos_mean_tokens, script)
         try:
+            req = request_from_submit(submit, self.eos_mean_tokens, script)
+        except ValueError as exc:  # a segment it cannot render
+            yield Finish(request_id=rid, reason="error", prompt_tokens=0, cached_tokens=0,
+                         output_tokens=0, error=str(exc))
+            return
+        try:
+            if (why := unsupported(submit)) is not None:
+                raise RequestRejected(why)
             if rid in self._streams:
                 raise RequestRejected(f"request {rid!r} is already running")
             self.scheduler.add_request(req)
@@ -311,7 +342,8 @@ class SimEngine:
                         prompt_tokens=out.num_prompt_tokens if first else None,
                         cached_tokens=out.num_cached_tokens if first else None,
                         message=stream.message(index),
-                        logprobs=self._logprobs(stream, index, text),
+                        logprobs=self._logprobs(stream, index, text, out.new_token_ids[-1]),
+                        token_ids=list(out.new_token_ids),
                     )
                 )
             if out.finish_reason is not None:
@@ -323,12 +355,14 @@ class SimEngine:
                         cached_tokens=out.num_cached_tokens,
                         output_tokens=out.num_output_tokens, ttft_s=stream.ttft_s,
                         reply=stream.reply(out.finish_reason),
+                        segment_token_ids=stream.segment_ids(),
                     )
                 )
 
     @staticmethod
-    def _logprobs(stream: _Stream, index: int, text: str) -> list[TokenLogprob] | None:
+    def _logprobs(stream: _Stream, index: int, text: str,
+                  token_id: int) -> list[TokenLogprob] | None:
         alternatives = stream.submit.sampling.logprobs
         if alternatives is None:
             return None
-        return [token_logprob(stream.seed, index, text, alternatives)]
+        return [token_logprob(stream.seed, index, text, alternatives, token_id)]

@@ -20,7 +20,7 @@ import re
 from collections.abc import Sequence
 from functools import lru_cache
 
-from daemon.workers.protocol import ChatMessage, Tools
+from daemon.workers.protocol import ChatMessage, Segment, Tools
 
 SPECIAL_TOKENS = ("<|bos|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|end|>")
 VOCAB_SIZE = 128_256
@@ -60,6 +60,27 @@ def render_chat(messages: Sequence[ChatMessage], tools: Tools | None = None) -> 
         parts.append(f"{_ROLE_MARKER.get(m.role, '<|user|>')} {m.content}{calls} <|end|>")
     parts.append("<|assistant|>")
     return "\n".join(parts)
+
+
+def segment_text(segment: Segment, opens: bool) -> str:
+    """A context segment's text as ``render_chat`` would write it, so a context of turns
+    tokenizes as the same chat does; ``opens``: the first segment of an empty context."""
+    if segment.kind == "text":
+        return segment.text
+    if segment.kind == "reply":
+        return "<|assistant|>"
+    if segment.kind != "turn":
+        raise ValueError(f"unknown segment kind {segment.kind!r}")
+    turn = f"{_ROLE_MARKER.get(segment.role, '<|user|>')} {segment.text} <|end|>"
+    return f"<|bos|>\n{turn}" if opens else turn
+
+
+def segment_ids(segments: Sequence[Segment], context_empty: bool) -> list[int]:
+    """The ids ``segments`` append to a context (``context_empty``: it holds no token yet)."""
+    ids: list[int] = []
+    for segment in segments:
+        ids.extend(encode(segment_text(segment, opens=context_empty and not ids)))
+    return ids
 
 
 def call_text(name: str, arguments: str) -> str:

@@ -22,6 +22,7 @@ from daemon.engines.vllm.adapter import (
     kv_capacity_tokens,
     make_stat_logger_factory,
 )
+from daemon.engines.vllm.segments import SegmentTokenizer
 from daemon.workers.protocol import (
     Finish,
     Submit,
@@ -146,11 +147,19 @@ class VllmEngine:
             # The template already emits every special token it wants.
             return list(tok.encode(rendered + submit.continuation, add_special_tokens=False))
         if submit.prompt_token_ids is not None:
+            appended = self.segment_token_ids(submit)
             extra = tok.encode(submit.continuation, add_special_tokens=False)
-            return [*submit.prompt_token_ids, *extra]
+            return [*submit.prompt_token_ids, *appended, *extra]
         if submit.prompt is not None:
             return list(tok.encode(submit.prompt + submit.continuation))
         raise ValueError("submit carries no prompt, prompt_token_ids or messages")
+
+    def segment_token_ids(self, submit: Submit) -> list[int]:
+        """The ids `submit.segments` append to its prompt_token_ids."""
+        if not submit.segments:
+            return []
+        segments = SegmentTokenizer(self._require_tokenizer(), self._template)
+        return segments.token_ids(submit.segments, context_empty=not submit.prompt_token_ids)
 
     async def generate(self, submit: Submit) -> AsyncIterator[TokenDelta | Finish]:
         rid = submit.request_id
@@ -166,6 +175,8 @@ class VllmEngine:
             yield _error_finish(rid, exc)
             return
         state = _RequestState(prompt_tokens=len(prompt_ids), parser=parser)
+        if submit.segments:
+            state.segment_token_ids = self.segment_token_ids(submit)
         try:
             async for out in llm.generate(
                 {"prompt_token_ids": prompt_ids}, params, request_id=rid
@@ -186,9 +197,13 @@ class VllmEngine:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
-        structured = (
-            StructuredOutputsParams(json=wire.json_schema) if wire.json_schema else None
-        )
+        structured = None
+        if wire.json_schema or wire.regex or wire.grammar:
+            if sum(1 for c in (wire.json_schema, wire.regex, wire.grammar) if c) > 1:
+                raise ValueError("at most one of json_schema, regex and grammar may be set")
+            structured = StructuredOutputsParams(json=wire.json_schema or None,
+                                                 regex=wire.regex or None,
+                                                 grammar=wire.grammar or None)
         if parser is not None and parser.structured_outputs is not None:
             # A forced or constrained call wins over response_format, as in vLLM's server.
             structured = parser.structured_outputs
@@ -204,6 +219,7 @@ class VllmEngine:
             frequency_penalty=wire.frequency_penalty,
             presence_penalty=wire.presence_penalty,
             structured_outputs=structured,
+            logit_bias=dict(wire.logit_bias) or None,
             skip_special_tokens=parser is None or parser.skip_special_tokens,
             output_kind=RequestOutputKind.DELTA,
         )
@@ -239,6 +255,7 @@ class _RequestState:
         self.cached_tokens = 0
         self.output_tokens = 0
         self.ttft_s: float | None = None
+        self.segment_token_ids: list[int] = []
         self._sent_first = False
 
     def take(self, out: Any, rid: str, started: float) -> TokenDelta | None:
@@ -268,6 +285,7 @@ class _RequestState:
             cached_tokens=self.cached_tokens if first else None,
             message=message,
             logprobs=_logprobs(completion) if completion.logprobs else None,
+            token_ids=list(completion.token_ids),
         )
 
     def finish(self, rid: str, reason: str | None) -> Finish:
@@ -279,6 +297,7 @@ class _RequestState:
             output_tokens=self.output_tokens,
             ttft_s=self.ttft_s,
             reply=self.parser.reply() if self.parser is not None else None,
+            segment_token_ids=self.segment_token_ids,
         )
 
 
@@ -288,10 +307,12 @@ def _logprobs(completion: Any) -> list[TokenLogprob]:
     out = []
     for token_id, position in zip(completion.token_ids, completion.logprobs, strict=False):
         chosen = position[token_id]
-        top = sorted((p for p in position.values() if p.rank is not None), key=lambda p: p.rank)
+        ranked = sorted(((i, p) for i, p in position.items() if p.rank is not None),
+                        key=lambda item: item[1].rank)
         out.append(TokenLogprob(
             token=chosen.decoded_token or "", logprob=_finite(chosen.logprob),
-            top=[TopLogprob(p.decoded_token or "", _finite(p.logprob)) for p in top]))
+            top=[TopLogprob(p.decoded_token or "", _finite(p.logprob), i) for i, p in ranked],
+            token_id=int(token_id)))
     return out
 
 

@@ -1,0 +1,274 @@
+"""agentd.Context: a conversation the program controls, kept as token ids.
+
+    ctx = agentd.Context()
+    ctx.system("You are terse.").user("Name a prime.")
+    out = ctx.generate(max_tokens=8, temperature=0)   # out.text, out.token_ids
+    a, b = ctx.fork(2)                                # share ctx's tokens (prefix cache)
+    ctx.snapshot("primer")                            # a named prefix of this tenant
+    later = agentd.Context.open("primer")             # in any program of the tenant
+
+A context holds the token ids the engine saw and produced, and the turns appended since
+(`system`, `user`, `assistant`, `turn`, `fill`'s text) until the next call tokenizes them
+on the worker (whose tokenizer and chat template they need). Every call sends exactly the
+ids the context holds: nothing is re-tokenized, so the engine's prefix cache serves every
+token a previous call computed. `generate` opens an assistant reply first when the last
+thing appended is a turn; its output (end-of-turn token included) joins the context.
+
+Token-level control: `step()` is the next token's distribution (the likeliest `top` ids
+with log probabilities; a one-token generate on the same ids, so the prefix is cached), and
+`append(ids)` adds chosen ids; a decoding loop of its own (beam search, best-of-n with its
+own scoring, an early stop) is those two in turn.
+
+Calls go to the daemon of the run (daemon mode, in the run's program and session) or to
+`$AGENTD_URL` with `$AGENTD_TOKEN` (local mode; `program_id`/`session_id` given here, else
+each call is a program of its own). A program makes one call at a time: generate a fork's
+children in turn, or each in an agent call of its own (its own program).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from agentd.runtime import LLM_TIMEOUT_S, Endpoint, LLMError, current
+
+
+class ContextDropped(RuntimeError):
+    """The context was dropped; it holds nothing any more."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One possible token: its id, text and log probability."""
+
+    token_id: int
+    token: str
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token with its log probability and the likeliest alternatives."""
+
+    token_id: int
+    token: str
+    logprob: float
+    top: tuple[Candidate, ...]
+
+
+@dataclass(frozen=True)
+class Generation:
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str  # "stop" | "length"
+    logprobs: tuple[TokenLogprob, ...] | None  # when asked for
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens the engine served from its prefix cache
+
+
+class Context:
+    def __init__(self, model: str | None = None, *, program_id: str | None = None,
+                 session_id: str | None = None, token_ids: Iterable[int] = ()) -> None:
+        """`program_id` / `session_id` name where calls run in local mode (a run's context
+        uses the run's); `token_ids` start it with tokens already known (Context.open)."""
+        endpoint = current().endpoint()
+        self._endpoint = Endpoint(
+            endpoint.base, endpoint.headers, program_id or endpoint.program_id,
+            session_id or endpoint.session_id, model or endpoint.model)
+        self._model = model
+        self._ids: list[int] = [int(t) for t in token_ids]
+        self._pending: list[dict[str, str]] = []
+        self._dropped = False
+
+    # --- what it holds ----------------------------------------------------------------
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        """The ids tokenized so far (turns appended since the last call are not yet)."""
+        self._live()
+        return tuple(self._ids)
+
+    @property
+    def pending(self) -> int:
+        """Segments appended and not yet tokenized."""
+        return len(self._pending)
+
+    @property
+    def model(self) -> str:
+        if self._model is None:
+            self._model = self._endpoint.first_model()
+        return self._model
+
+    # --- appending --------------------------------------------------------------------
+
+    def system(self, text: str) -> Context:
+        return self.turn("system", text)
+
+    def user(self, text: str) -> Context:
+        return self.turn("user", text)
+
+    def assistant(self, text: str) -> Context:
+        """A whole assistant turn (an example answer, or a reply produced elsewhere)."""
+        return self.turn("assistant", text)
+
+    def turn(self, role: str, text: str) -> Context:
+        """A chat turn of any role the chat template takes (e.g. "tool")."""
+        self._live()
+        self._pending.append({"kind": "turn", "role": role, "text": text})
+        return self
+
+    def fill(self, text: str = "") -> Context:
+        """Append `text` as it is (no chat template), then prefill the whole context now,
+        so its KV is warm before a later call (or a fork, or a snapshot) needs it."""
+        self._live()
+        if text:
+            self._pending.append({"kind": "text", "text": text})
+        answer = self._post({"fill_only": True})
+        self._commit(answer, keep_output=False)
+        return self
+
+    def append(self, token_ids: Sequence[int]) -> Context:
+        """Append token ids as they are (a decoding loop's choices)."""
+        self._live()
+        if self._pending:
+            self.fill()
+        self._ids.extend(int(t) for t in token_ids)
+        return self
+
+    # --- generating -------------------------------------------------------------------
+
+    def generate(self, max_tokens: int = 256, temperature: float = 1.0, top_p: float = 1.0,
+                 top_k: int = -1, stop: Sequence[str] | None = None, seed: int | None = None,
+                 *, regex: str | None = None, json_schema: dict[str, Any] | None = None,
+                 grammar: str | None = None, logit_bias: dict[int, float] | None = None,
+                 logprobs: int | None = None) -> Generation:
+        """Generate and append the output to the context. `regex`, `json_schema` and
+        `grammar` (at most one) constrain the output; `logit_bias` maps token ids to a bias;
+        `logprobs`: that many likeliest alternatives per token (0: the token's own only)."""
+        self._live()
+        self._open_reply()
+        body: dict[str, Any] = {
+            "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
+            "top_k": top_k, "stop": list(stop or []), "seed": seed, "regex": regex,
+            "json_schema": json_schema, "grammar": grammar, "logprobs": logprobs,
+            "logit_bias": {str(k): v for k, v in (logit_bias or {}).items()},
+        }
+        answer = self._post({k: v for k, v in body.items() if v is not None})
+        self._commit(answer, keep_output=True)
+        return _generation(answer)
+
+    def step(self, top: int = 20) -> list[Candidate]:
+        """The next token's distribution: the `top` likeliest tokens, likeliest first. The
+        context is unchanged (`append` the chosen ids)."""
+        self._live()
+        self._open_reply()
+        answer = self._post({"max_tokens": 1, "temperature": 0.0, "logprobs": top})
+        self._commit(answer, keep_output=False)
+        (position,) = _generation(answer).logprobs or ()
+        return sorted(position.top, key=lambda c: -c.logprob)
+
+    # --- sharing ----------------------------------------------------------------------
+
+    def fork(self, n: int = 1) -> list[Context]:
+        """`n` children holding this context's tokens. Pending turns are prefilled first,
+        so the children share one computed prefix through the engine's prefix cache."""
+        self._live()
+        if n < 1:
+            raise ValueError("fork(n): n must be at least 1")
+        if self._pending:
+            self.fill()
+        return [copy.copy(self) for _ in range(n)]
+
+    def snapshot(self, name: str) -> Context:
+        """Keep this context's tokens under `name` for the tenant's programs (prefilled
+        first, so the next program that opens it finds its KV warm)."""
+        self._live()
+        if self._pending:
+            self.fill()
+        self._request("PUT", f"/contexts/snapshots/{name}",
+                      {"model": self.model, "token_ids": self._ids})
+        return self
+
+    @classmethod
+    def open(cls, name: str, *, program_id: str | None = None,
+             session_id: str | None = None) -> Context:
+        """A context holding the tokens of the tenant's snapshot `name`."""
+        probe = cls(program_id=program_id, session_id=session_id)
+        body = probe._request("GET", f"/contexts/snapshots/{name}", None)
+        return cls(str(body["model"]), program_id=program_id, session_id=session_id,
+                   token_ids=body["token_ids"])
+
+    @classmethod
+    def delete_snapshot(cls, name: str) -> None:
+        cls()._request("DELETE", f"/contexts/snapshots/{name}", None)
+
+    def drop(self) -> None:
+        """Forget the context: later use raises ContextDropped. Its KV blocks stay in the
+        engine's prefix cache as free blocks until the engine evicts them."""
+        self._ids, self._pending, self._dropped = [], [], True
+
+    def __copy__(self) -> Context:
+        child = Context.__new__(Context)
+        child._endpoint, child._model = self._endpoint, self._model
+        child._ids, child._pending = list(self._ids), list(self._pending)
+        child._dropped = False
+        return child
+
+    # --- the wire ---------------------------------------------------------------------
+
+    def _live(self) -> None:
+        if self._dropped:
+            raise ContextDropped("the context was dropped")
+
+    def _open_reply(self) -> None:
+        if self._pending and self._pending[-1]["kind"] == "turn":
+            self._pending.append({"kind": "reply"})
+
+    def _post(self, params: dict[str, Any]) -> dict[str, Any]:
+        body = {"model": self.model, "token_ids": self._ids, "segments": self._pending,
+                **params}
+        if self._endpoint.program_id is not None:
+            body["program_id"] = self._endpoint.program_id
+        if self._endpoint.session_id is not None:
+            body["session_id"] = self._endpoint.session_id
+        return self._request("POST", "/contexts/generate", body)
+
+    def _commit(self, answer: dict[str, Any], keep_output: bool) -> None:
+        self._ids.extend(answer["segment_token_ids"])
+        self._pending = []
+        if keep_output:
+            self._ids.extend(answer["token_ids"])
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        url = f"{self._endpoint.base}{path}"
+        try:
+            r = httpx.request(method, url, json=body, headers=self._endpoint.headers,
+                              timeout=LLM_TIMEOUT_S)
+        except httpx.HTTPError as exc:
+            raise LLMError(f"agentd.Context: cannot reach {url}: {exc}") from exc
+        if r.status_code >= 400:
+            try:
+                message = r.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = r.text[:500]
+            raise LLMError(f"agentd.Context: {method} {path} answered {r.status_code}: "
+                           f"{message}")
+        return {} if r.status_code == 204 else dict(r.json())
+
+
+def _generation(answer: dict[str, Any]) -> Generation:
+    usage = answer["usage"]
+    raw = answer.get("logprobs")
+    logprobs = None if raw is None else tuple(
+        TokenLogprob(int(t["token_id"]), str(t["token"]), float(t["logprob"]),
+                     tuple(Candidate(int(c["token_id"]), str(c["token"]), float(c["logprob"]))
+                           for c in t["top"]))
+        for t in raw)
+    return Generation(text=str(answer["text"]), token_ids=tuple(answer["token_ids"]),
+                      finish_reason=str(answer["finish_reason"]), logprobs=logprobs,
+                      prompt_tokens=int(usage["prompt_tokens"]),
+                      cached_tokens=int(usage["cached_tokens"]))

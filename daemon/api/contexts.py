@@ -1,0 +1,272 @@
+"""Programmable contexts (agentd.Context): generate on token ids, and named snapshots.
+
+A context lives in the program that holds it, as token ids (agentd/context.py): every
+generate sends the ids it holds plus the segments it appended since (turns and text the
+worker tokenizes, daemon/workers/protocol.Segment), and gets back the ids of both, so the
+next generate sends exactly the tokens the engine saw and produced. Reuse between calls,
+forks and programs is the engine's prefix cache.
+
+- `POST /v1/contexts/generate`: one generate (or, with `fill_only`, one prefill).
+- `PUT|GET|DELETE /v1/contexts/snapshots/{name}`: a named prefix of the caller's tenant
+  (daemon/api/snapshots.py); another tenant's name is unknown (404).
+
+The program and session a generate names go through the tenancy checks the gateway uses.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from litestar import Controller, Request, Response, delete, get, post, put
+
+from daemon.access.auth import READ, SUBMIT
+from daemon.api import context_snapshots as snapshots
+from daemon.api.gateway import (
+    DEFAULT_MAX_TOKENS,
+    INT32_MAX,
+    MaxTokens,
+    Penalty,
+    Priority,
+    Seed,
+    TopK,
+    TopLogprobs,
+    _Common,
+    _finish_recorded,
+    _program,
+    _release_quietly,
+    decode_request,
+)
+from daemon.api.ids import id_problem
+from daemon.api.limits import admit
+from daemon.api.tenants import request_tenant
+from daemon.core.core import Core
+from daemon.errors import ApiError
+from daemon.state import ProgramState, RequestState, StreamItem
+from daemon.workers.protocol import SEGMENT_KINDS, Finish, SamplingParams, Segment, TokenLogprob
+
+TokenId = Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)]
+MAX_CONTEXT_TOKENS = 1 << 20
+TokenIds = Annotated[list[TokenId], msgspec.Meta(max_length=MAX_CONTEXT_TOKENS)]
+
+
+class InSegment(msgspec.Struct, forbid_unknown_fields=True):
+    kind: str
+    text: str = ""
+    role: str = ""
+
+
+class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    model: str
+    token_ids: TokenIds = []
+    segments: list[InSegment] = []
+    # Prefill only: the engine samples one token (it must), which is not kept.
+    fill_only: bool = False
+    max_tokens: MaxTokens | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: TopK = -1
+    stop: list[str] = []
+    seed: Seed | None = None
+    frequency_penalty: Penalty = 0.0
+    presence_penalty: Penalty = 0.0
+    regex: str | None = None
+    json_schema: dict[str, Any] | None = None
+    grammar: str | None = None
+    logit_bias: dict[str, float] = {}
+    logprobs: TopLogprobs | None = None
+    program_id: str | None = None
+    session_id: str | None = None
+    priority: Priority = 0
+    tenant: str | None = None
+
+
+class ContextsController(Controller):
+    path = "/v1/contexts"
+    tags = ["contexts"]
+
+    @post("/generate", status_code=200, opt={"scope": SUBMIT},
+          summary="Generate on a context's token ids (agentd.Context)")
+    async def generate(self, request: Request[Any, Any, Any], core: Core) -> Response[Any]:
+        body = decode_request(await request.body(), GenerateRequest)
+        segments = [_segment(s, i) for i, s in enumerate(body.segments)]
+        if not body.token_ids and not segments:
+            raise ApiError(400, "a context needs token_ids or segments to generate on",
+                           param="token_ids")
+        sampling = _sampling(core, body)
+        tenant = await request_tenant(request, core, body.tenant)
+        # Each token counts as one character against max_prompt_chars: a lower bound.
+        admit(request, core, len(body.token_ids) + sum(len(s.text) for s in segments),
+              "token_ids", tenant)
+        ids = _Common(model=body.model, program_id=body.program_id, session_id=body.session_id)
+        program = await _program(core, request, ids, tenant)
+        req = core.submit(program, "context", body.model, sampling,
+                          prompt_token_ids=list(body.token_ids), segments=segments,
+                          priority=body.priority)
+        return await _respond(core, request, req, body, program)
+
+    @put("/snapshots/{name:str}", status_code=200, opt={"scope": SUBMIT},
+         summary="Keep a context's token ids under a name, for the caller's tenant")
+    async def put_snapshot(self, request: Request[Any, Any, Any], core: Core,
+                           name: str) -> dict[str, Any]:
+        body = decode_request(await request.body(), snapshots.SnapshotIn)
+        _check_name(name)
+        if not body.token_ids:
+            raise ApiError(400, "a snapshot holds at least one token", param="token_ids")
+        tenant = await request_tenant(request, core, body.tenant)
+        snapshot = snapshots.of(request).put(tenant, name, body.model, list(body.token_ids))
+        return snapshot.summary()
+
+    @get("/snapshots/{name:str}", opt={"scope": (READ, SUBMIT)},
+         summary="A snapshot's token ids")
+    async def get_snapshot(self, request: Request[Any, Any, Any], core: Core,
+                           name: str) -> dict[str, Any]:
+        _check_name(name)
+        tenant = await request_tenant(request, core, request.query_params.get("tenant"))
+        snapshot = snapshots.of(request).get(tenant, name)
+        return snapshot.body()
+
+    @delete("/snapshots/{name:str}", status_code=204, opt={"scope": SUBMIT},
+            summary="Forget a snapshot")
+    async def delete_snapshot(self, request: Request[Any, Any, Any], core: Core,
+                              name: str) -> None:
+        _check_name(name)
+        tenant = await request_tenant(request, core, request.query_params.get("tenant"))
+        snapshots.of(request).delete(tenant, name)
+
+
+def _check_name(name: str) -> None:
+    if (problem := id_problem(name)) is not None:
+        raise ApiError(400, f"name {problem}", param="name")
+
+
+def _segment(segment: InSegment, index: int) -> Segment:
+    at = f"segments[{index}]"
+    if segment.kind not in SEGMENT_KINDS:
+        raise ApiError(400, f"{at}.kind must be one of {', '.join(SEGMENT_KINDS)}",
+                       param=f"{at}.kind")
+    if segment.kind == "turn" and not segment.role:
+        raise ApiError(400, f"{at}.role: a turn names its role", param=f"{at}.role")
+    if segment.kind != "turn" and segment.role:
+        raise ApiError(400, f"{at}.role: only a turn has a role", param=f"{at}.role")
+    if segment.kind == "reply" and segment.text:
+        raise ApiError(400, f"{at}.text: a reply segment opens a reply and holds no text",
+                       param=f"{at}.text")
+    return Segment(kind=segment.kind, text=segment.text, role=segment.role)
+
+
+# Sampling only real logits can honour: refused on a model that any simulated worker serves.
+_NEEDS_LOGITS = ("regex", "grammar", "logit_bias")
+
+
+def _sampling(core: Core, body: GenerateRequest) -> SamplingParams:
+    _served(core, body.model)
+    limit = core.config.max_tokens_limit
+    if body.max_tokens is not None and body.max_tokens > limit:
+        raise ApiError(400, f"max_tokens {body.max_tokens} exceeds the limit of {limit}",
+                       param="max_tokens")
+    if body.fill_only and (body.max_tokens is not None or body.logprobs is not None):
+        raise ApiError(400, "fill_only prefills and generates nothing: max_tokens and "
+                       "logprobs do not apply", param="fill_only")
+    if body.temperature < 0:
+        raise ApiError(400, "temperature must be >= 0", param="temperature")
+    if not 0 < body.top_p <= 1:
+        raise ApiError(400, "top_p must be in (0, 1]", param="top_p")
+    constraints = [n for n in ("regex", "json_schema", "grammar") if getattr(body, n) is not None]
+    if len(constraints) > 1:
+        raise ApiError(400, f"at most one of regex, json_schema and grammar: got "
+                       f"{' and '.join(constraints)}", param=constraints[1])
+    _check_engines(core, body)
+    return SamplingParams(
+        max_tokens=1 if body.fill_only else body.max_tokens or DEFAULT_MAX_TOKENS,
+        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, stop=body.stop,
+        seed=body.seed, logprobs=body.logprobs, frequency_penalty=body.frequency_penalty,
+        presence_penalty=body.presence_penalty, regex=body.regex, grammar=body.grammar,
+        json_schema=msgspec.json.encode(body.json_schema).decode()
+        if body.json_schema is not None else None,
+        logit_bias=_logit_bias(body.logit_bias),
+    )
+
+
+def _served(core: Core, model: str) -> None:
+    if model in {w.model for w in core.workers.values() if w.healthy}:
+        return
+    if not any(w.healthy for w in core.workers.values()):
+        raise ApiError(503, "no engine worker is registered yet; retry shortly", "no_workers",
+                       headers={"Retry-After": "1"})
+    raise ApiError(404, f"model '{model}' is not served here; GET /v1/models lists the "
+                   "models", "model_not_found", param="model")
+
+
+def _check_engines(core: Core, body: GenerateRequest) -> None:
+    engines = {w.engine for w in core.workers.values() if w.healthy and w.model == body.model}
+    for name in _NEEDS_LOGITS:
+        if getattr(body, name) and "sim" in engines:
+            raise ApiError(400, f"{name}: model '{body.model}' is served by the simulated "
+                           "engine, which has no real logits to constrain or bias",
+                           "unsupported_field", param=name)
+
+
+def _logit_bias(bias: dict[str, float]) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        if not key.isdigit() or int(key) > INT32_MAX:
+            raise ApiError(400, f"logit_bias: key {key!r} is not a token id",
+                           param="logit_bias")
+        if not -100 <= value <= 100:
+            raise ApiError(400, f"logit_bias[{key}]: a bias is in [-100, 100]",
+                           param="logit_bias")
+        out[int(key)] = value
+    return out
+
+
+async def _respond(core: Core, request: Request[Any, Any, Any], req: RequestState,
+                   body: GenerateRequest, program: ProgramState) -> Response[Any]:
+    ephemeral = body.program_id is None and "x-program-id" not in request.headers
+    since = core.writer.mark()
+    items: list[StreamItem] = []
+    try:
+        while True:
+            item = await req.stream.get()
+            if item.finish is not None or item.error is not None:
+                break
+            items.append(item)
+    except BaseException:
+        await core.abort(req.id, "client went away")
+        raise
+    finally:
+        if ephemeral:
+            _release_quietly(core, program.id)
+    if item.error is not None:
+        raise ApiError(503 if "worker" in item.error else 500, item.error, "engine_error")
+    finish = item.finish
+    assert finish is not None
+    if not await _finish_recorded(core, since):
+        raise ApiError(503, "the generate finished but the store could not record it; retry",
+                       "store_unavailable")
+    headers = {"X-Program-Id": program.id, "X-Session-Id": program.session_id,
+               "X-Request-Id": req.id}
+    return Response(_answer(req, items, finish, body.fill_only), headers=headers)
+
+
+def _answer(req: RequestState, items: list[StreamItem], finish: Finish,
+            fill_only: bool) -> dict[str, Any]:
+    tokens = [t for i in items for t in i.logprobs or ()]
+    return {
+        "id": req.id, "model": req.model, "program_id": req.program_id,
+        "session_id": req.session_id,
+        "segment_token_ids": finish.segment_token_ids,
+        "token_ids": [] if fill_only else [t for i in items for t in i.token_ids],
+        "text": "" if fill_only else "".join(i.text for i in items),
+        "finish_reason": "fill" if fill_only else finish.reason,
+        "logprobs": None if req.sampling.logprobs is None else [_logprob(t) for t in tokens],
+        "usage": {"prompt_tokens": finish.prompt_tokens,
+                  "cached_tokens": finish.cached_tokens,
+                  "completion_tokens": 0 if fill_only else finish.output_tokens},
+    }
+
+
+def _logprob(token: TokenLogprob) -> dict[str, Any]:
+    return {"token": token.token, "token_id": token.token_id, "logprob": token.logprob,
+            "top": [{"token": t.token, "token_id": t.token_id, "logprob": t.logprob}
+                    for t in token.top]}
