@@ -93,6 +93,25 @@ def cmd_release(c: AgentdClient, a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_release_idle(c: AgentdClient, a: argparse.Namespace) -> int:
+    """Without --yes only lists what would be released: the confirmation a script can give."""
+    answer = c.call(api.release_idle(a.idle, dry_run=not a.yes, tenant=a.tenant))
+    if a.json:
+        _dump(answer)
+        return EXIT_OK
+    for p in answer["data"]:
+        _out(f"{p['id']:32} tenant {p['tenant']:12} idle {p['idle_s']:.0f} s")
+    found = len(answer["data"])
+    if a.yes:
+        _out(f"released {answer['released']} program(s) idle for {a.idle:g} s or more")
+    elif found:
+        _out(f"{found} program(s) idle for {a.idle:g} s or more; "
+             "run again with --yes to release them")
+    else:
+        _out(f"no program idle for {a.idle:g} s or more")
+    return EXIT_OK
+
+
 def cmd_action(c: AgentdClient, a: argparse.Namespace) -> int:
     answer = c.call(api.program_action(a.command, a.program_id))
     if a.json:
@@ -237,6 +256,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text}")
+    return value
+
+
 def _common(parser: argparse.ArgumentParser, suppress: bool) -> None:
     """--url/--token/--json/--timeout, accepted before or after the command name."""
     def default(value: Any) -> Any:
@@ -259,6 +288,8 @@ _COMMANDS: dict[str, tuple[Command, str]] = {
     "programs": (cmd_programs, "programs, newest first"),
     "program": (cmd_program, "one program with its requests"),
     "release": (cmd_release, "end a program and release its resources"),
+    "release-idle": (cmd_release_idle, "end every program idle for a while (lists them "
+                     "without --yes)"),
     "sessions": (cmd_sessions, "sessions, newest first"),
     "trace": (cmd_trace, "a session's trace as a readable timeline"),
     "chat": (cmd_chat, "one chat completion round trip"),
@@ -284,6 +315,11 @@ def build_parser() -> argparse.ArgumentParser:
     subs["program"].add_argument("program_id", metavar="ID")
     for action in ("release", "pause", "resume", "kill"):
         subs[action].add_argument("program_id", metavar="ID")
+    idle = subs["release-idle"]
+    idle.add_argument("--idle", type=_seconds, default=600.0, metavar="SECONDS",
+                      help="quiet for at least this long (default: 600)")
+    idle.add_argument("--yes", action="store_true", help="release them (else: only list)")
+    idle.add_argument("--tenant", help="operator: only this tenant's programs")
     subs["migrate"].add_argument("ident", metavar="ID", help="program id (or session id)")
     subs["migrate"].add_argument("worker", metavar="WORKER", help="target worker id")
     subs["migrate"].add_argument("--session", action="store_true", help="ID is a session")

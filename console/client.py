@@ -128,6 +128,13 @@ class api:
         return Call("POST", f"/v1/programs/{_seg(program_id)}/release")
 
     @staticmethod
+    def release_idle(idle_s: float, dry_run: bool = False, tenant: str | None = None) -> Call:
+        """POST /v1/programs/release-idle: end every program quiet for at least `idle_s`
+        (with `dry_run`, only list them)."""
+        return Call("POST", "/v1/programs/release-idle",
+                    body=_drop_none(idle_s=idle_s, dry_run=dry_run, tenant=tenant))
+
+    @staticmethod
     def program_action(action: str, program_id: str) -> Call:
         """POST /v1/programs/{id}/pause|resume|release|kill."""
         if action not in ("pause", "resume", "release", "kill"):

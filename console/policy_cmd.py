@@ -86,13 +86,13 @@ def cmd_edit(c: AgentdClient, a: argparse.Namespace) -> int:
         print("no changes; nothing stored", flush=True)
         return 0
     v = c.call(Call("PUT", _path(a.name), body={"layer": layer, "source": source}))
-    print(_report(v), flush=True)
+    _print(a, v, _report(v))
     if not v["validation"].get("ok"):
         return 1
     if not (a.yes or _confirm(f"activate {a.name} v{v['version']}? [y/N] ")):
         return 0
     r = c.call(Call("POST", _path(a.name, "/activate"), body={"version": v["version"]}))
-    print(f"activated {r['name']} v{r['version']} (swap {r['swap_us']} us)", flush=True)
+    _print(a, r, f"activated {r['name']} v{r['version']} (swap {r['swap_us']} us)")
     return 0
 
 

@@ -134,15 +134,24 @@ def cmd_stubgen(_c: AgentdClient, a: argparse.Namespace) -> int:
         if current != module:
             print(f"{out} is not up to date with {src}; run agentctl stubgen {src}",
                   file=sys.stderr)
+            _say(a, {"stub": str(out), "agent": name, "up_to_date": False}, None)
             return 1
-        print(f"{out} is up to date")
+        _say(a, {"stub": str(out), "agent": name, "up_to_date": True}, f"{out} is up to date")
         return 0
     try:
         out.write_text(module)
     except OSError as exc:
         raise ClientError(f"cannot write {out}: {exc.strerror or exc}") from None
-    print(f"wrote {out} (agent {name})")
+    _say(a, {"stub": str(out), "agent": name, "written": True}, f"wrote {out} (agent {name})")
     return 0
+
+
+def _say(a: argparse.Namespace, payload: dict[str, Any], text: str | None) -> None:
+    """`payload` as JSON with --json, else `text` (if any)."""
+    if getattr(a, "json", False):
+        print(json.dumps(payload), flush=True)
+    elif text is not None:
+        print(text, flush=True)
 
 
 def add_workflow_parser(subparsers: Any,

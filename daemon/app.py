@@ -65,6 +65,7 @@ class Daemon:
         core = Core(cfg, writer, sessions)
         await core.load_known_sessions()
         await core.start()
+        await core.expiry.load_stored()  # live programs the last run left: they expire too
         self.core = core
         self.tools = ToolService(core, cfg)
         await self.tools.start()

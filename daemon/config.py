@@ -91,6 +91,10 @@ class Config:
     # program, and a Responses API chain's, ends after this long without a request.
     lineage_inference: bool = True
     lineage_idle_s: float = 120.0
+    # A program with no request (and no tool of it running) for this long is ended as a
+    # release would end it, tools reclaimed (daemon/core/expiry.py); 0 = never. A tenant's
+    # [slo.tenants.NAME] table may set its own `program_idle_timeout_s`.
+    program_idle_timeout_s: float = 1800.0
     # Tool specs by name, from the config file's [tools.NAME] tables.
     tools: dict[str, Any] = field(default_factory=dict)
 
@@ -214,6 +218,7 @@ def validate(cfg: Config) -> None:
                           f"daemon, got {cfg.runtime_gpus!r}")
     if not cfg.lineage_idle_s > 0:
         raise ConfigError(f"lineage_idle_s must be > 0, got {cfg.lineage_idle_s!r}")
+    _check_idle_timeouts(cfg)
     if not cfg.runtime_resource_wait_s >= 0:
         raise ConfigError("runtime_resource_wait_s must be >= 0 (0: no wait)")
     if cfg.max_result_bytes < MIN_RESULT_BYTES:
@@ -225,6 +230,16 @@ def validate(cfg: Config) -> None:
     if not cfg.auth and not is_loopback(cfg.host):
         raise ConfigError(f"auth = false is only allowed on a loopback host, not {cfg.host!r}; "
                           "keep auth on and give clients a token (`agentd token create`)")
+
+
+def _check_idle_timeouts(cfg: Config) -> None:
+    from scheduling.kv.idle import TIMEOUT_KEY, tenant_timeouts, timeout_value
+
+    try:
+        timeout_value(TIMEOUT_KEY, cfg.program_idle_timeout_s)
+        tenant_timeouts(cfg.slo.get("tenants", {}))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def is_loopback(host: str) -> bool:

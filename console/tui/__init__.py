@@ -7,6 +7,7 @@ function with agentctl's command signature `(AgentdClient, Namespace) -> int`.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -17,36 +18,55 @@ from console.client import AgentdClient, AsyncAgentdClient, api
 from console.tui.alerts import DEFAULT_KV_IMBALANCE, imbalance_alert, worker_alerts
 
 EXIT_OK = 0
+DEFAULT_IDLE_RELEASE_S = 600.0  # the programs view's bulk release (key i)
 TOP_PROGRAMS = 15
 
 
-def top_text(c: AgentdClient) -> str:
-    """The `top` screen: status, policies, alerts, workers and the newest programs."""
-    health = c.call(api.healthz())
+def top_data(c: AgentdClient) -> dict[str, Any]:
+    """What the `top` screen shows, as data (`agentctl top --json`)."""
     workers = c.call(api.workers())["data"]
     programs = c.call(api.programs(limit=TOP_PROGRAMS))
-    counts = {s: int(c.call(api.programs(status=s, limit=1))["total"])
-              for s in render.PROGRAM_STATUSES}
-    active = [f"{p['layer']}: {p['name']} v{p['active_version']}"
-              for p in c.call(api.policies())["data"] if p.get("active")]
     alerts = [*worker_alerts(workers), imbalance_alert(workers, DEFAULT_KV_IMBALANCE)]
-    lines = [f"alert: {a.text}" for a in alerts if a is not None] or ["alerts: none"]
+    return {
+        "url": c.url, "health": c.call(api.healthz()), "workers": workers,
+        "programs_by_status": {s: int(c.call(api.programs(status=s, limit=1))["total"])
+                               for s in render.PROGRAM_STATUSES},
+        "active_policies": [{"layer": p["layer"], "name": p["name"],
+                             "version": p["active_version"]}
+                            for p in c.call(api.policies())["data"] if p.get("active")],
+        "alerts": [{"severity": a.severity, "text": a.text} for a in alerts if a is not None],
+        "programs": programs["data"], "programs_total": programs["total"],
+    }
+
+
+def top_text(data: dict[str, Any]) -> str:
+    """The `top` screen: status, policies, alerts, workers and the newest programs."""
+    active = [f"{p['layer']}: {p['name']} v{p['version']}" for p in data["active_policies"]]
+    lines = [f"alert: {a['text']}" for a in data["alerts"]] or ["alerts: none"]
     return "\n\n".join([
-        render.status_view(c.url, health, workers, counts, {}),
+        render.status_view(data["url"], data["health"], data["workers"],
+                           data["programs_by_status"], {}),
         "\n".join([f"active policies: {'   '.join(active) or 'none'}", *lines]),
-        render.workers_table(workers),
-        render.programs_table(programs["data"], programs["total"]),
+        render.workers_table(data["workers"]),
+        render.programs_table(data["programs"], data["programs_total"]),
     ])
 
 
 def cmd_top(c: AgentdClient, a: argparse.Namespace) -> int:
+    """--json prints one JSON object per refresh (one line each without --once)."""
+    def show(clear: bool) -> None:
+        data = top_data(c)
+        if getattr(a, "json", False):
+            print(json.dumps(data, indent=2 if a.once else None), flush=True)
+        else:
+            print(("\x1b[2J\x1b[H" if clear else "") + top_text(data), flush=True)
+
     if a.once:
-        print(top_text(c), flush=True)
+        show(clear=False)
         return EXIT_OK
     try:
         while True:
-            text = top_text(c)
-            print("\x1b[2J\x1b[H" + text, flush=True)
+            show(clear=True)
             time.sleep(a.interval)
     except KeyboardInterrupt:
         return EXIT_OK
@@ -55,13 +75,18 @@ def cmd_top(c: AgentdClient, a: argparse.Namespace) -> int:
 def cmd_tui(c: AgentdClient, a: argparse.Namespace) -> int:
     from console.tui.app import AgentdTui  # textual loads only for this command
 
+    if getattr(a, "json", False):
+        print("agentctl tui is interactive and prints no JSON; for a summary as JSON use "
+              "`agentctl top --once --json`", file=sys.stderr)
+        return 2
     if not sys.stdout.isatty():
         print("agentctl tui needs a terminal; use `agentctl top --once` for text",
               file=sys.stderr)
         return 2
     client = AsyncAgentdClient(c.url, c.token, min(c.timeout, 5.0))
     AgentdTui(client, read_only=a.read_only, poll_interval=a.interval,
-              ttft_slo_s=a.ttft_slo, kv_imbalance=a.kv_imbalance).run()
+              ttft_slo_s=a.ttft_slo, kv_imbalance=a.kv_imbalance,
+              idle_release_s=a.idle_release).run()
     return EXIT_OK
 
 
@@ -69,6 +94,13 @@ def _interval(text: str) -> float:
     value = float(text)
     if value < 0.1:
         raise argparse.ArgumentTypeError("the interval must be at least 0.1 seconds")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError("must be a number of seconds >= 0")
     return value
 
 
@@ -95,6 +127,9 @@ def add_tui_parser(subparsers: Any,
                      metavar="FRACTION",
                      help="alert when healthy workers' KV usage differs by more than this "
                           "(default: %(default)s)")
+    tui.add_argument("--idle-release", type=_seconds, default=DEFAULT_IDLE_RELEASE_S,
+                     metavar="SECONDS", help="the programs view's bulk release (key i) takes "
+                     "programs idle this long (default: %(default)s)")
     tui.set_defaults(tui_command=cmd_tui)
     top = subparsers.add_parser("top", help="a one-screen text summary, refreshed",
                                 description="a one-screen text summary, refreshed")

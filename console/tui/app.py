@@ -17,6 +17,7 @@ from textual.app import App
 from textual.binding import Binding, BindingType
 
 from console.client import AsyncAgentdClient, Call, ClientError
+from console.tui import DEFAULT_IDLE_RELEASE_S
 from console.tui.alerts import DEFAULT_KV_IMBALANCE, Alert, alerts
 from console.tui.data import Clock, Poller, Snapshot, migrate_session, program_action
 from console.tui.instance_moves import InstanceMove, decision_outcome, fetch_instance_moves
@@ -65,8 +66,10 @@ class AgentdTui(App[None]):
     def __init__(self, client: AsyncAgentdClient, read_only: bool = False,
                  poll_interval: float = DEFAULT_POLL_S, *, clock: Clock = time.time,
                  ttft_slo_s: float = DEFAULT_TTFT_SLO_S,
-                 kv_imbalance: float = DEFAULT_KV_IMBALANCE) -> None:
+                 kv_imbalance: float = DEFAULT_KV_IMBALANCE,
+                 idle_release_s: float = DEFAULT_IDLE_RELEASE_S) -> None:
         super().__init__()
+        self.idle_release_s = idle_release_s  # the programs view's bulk release (i)
         self.client = client
         self.read_only = read_only
         self.poll_interval = poll_interval

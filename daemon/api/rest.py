@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from litestar import Controller, MediaType, Request, Response, get, post
@@ -33,6 +33,12 @@ def worker_view(w: WorkerState) -> dict[str, Any]:
         "stats": None if stats is None else {
             f: getattr(stats, f) for f in stats.__struct_fields__},
     }
+
+
+class ReleaseIdleBody(msgspec.Struct, forbid_unknown_fields=True):
+    idle_s: Annotated[float, msgspec.Meta(ge=0)]  # quiet for at least this long
+    dry_run: bool = False  # only list them
+    tenant: str | None = None  # an operator's choice; another token releases its own
 
 
 class MigrateBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -140,6 +146,23 @@ class RestController(Controller):
         if row is None:
             raise ApiError(404, f"unknown program '{program_id}'", "not_found")
         return _live(core, row)
+
+    @post("/programs/release-idle", status_code=200, opt={"scope": SUBMIT},
+          summary="End every program idle for at least idle_s (a tenant's own; an "
+                  "operator's: all, or one tenant's)")
+    async def release_idle(self, core: Core, request: Request[Any, Any, Any]
+                           ) -> dict[str, Any]:
+        body = decode_body(await request.body(), ReleaseIdleBody)
+        own = access_of(request).tenant
+        if own is not None and body.tenant not in (None, own):
+            raise ApiError(403, f"tenant: only an operator token may name another tenant; "
+                           f"this token's is '{own}'", "tenant_not_allowed", param="tenant")
+        ended = await core.expiry.release_idle(body.idle_s, own or body.tenant,
+                                               _who(request), body.dry_run)
+        now = core.expiry.clock()
+        return {"data": [{"id": q.program_id, "tenant": q.tenant, "timeout_s": q.timeout_s,
+                          "idle_s": round(q.idle_s(now), 3)} for q in ended],
+                "released": 0 if body.dry_run else len(ended), "dry_run": body.dry_run}
 
     @post("/programs/{program_id:str}/release", status_code=200, opt={"scope": SUBMIT},
           summary="End a program: STOPPED, its resources released")

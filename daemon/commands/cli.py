@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,6 +27,11 @@ EXIT_USAGE = 2
 EXIT_FAILURE = 1
 
 
+# Libraries whose INFO lines are per request (the web UI calls the API through httpx):
+# warnings only, unless the log level is debug.
+CHATTY_LOGGERS = ("httpx", "httpcore")
+
+
 def setup_logging(level: str, fmt: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
@@ -35,6 +41,9 @@ def setup_logging(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(
+            logging.NOTSET if root.level <= logging.DEBUG else logging.WARNING)
 
 
 class _JsonFormatter(logging.Formatter):
@@ -59,6 +68,10 @@ def cmd_start(args: argparse.Namespace) -> int:
              ("host", "port", "db", "data_dir", "engine", "workers", "model", "log_format")}
     cfg = config_mod.load(flags, config_file=args.config)
     setup_logging(cfg.log_level, cfg.log_format)
+    # Bound before anything starts, so a port in use is one line and exit 1, and the
+    # "serving on" line comes only once the address is ours.
+    sock = listen_socket(cfg.host, cfg.port)
+    cfg.port = cfg.port or int(sock.getsockname()[1])  # port 0: the one the system chose
     app = create_app(cfg)
     server = uvicorn.Server(uvicorn.Config(
         app, host=cfg.host, port=cfg.port, log_config=None, access_log=False,
@@ -68,10 +81,28 @@ def cmd_start(args: argparse.Namespace) -> int:
     # underneath turns a clean SIGTERM/SIGINT stop into exit code 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    server.run()
+    server.run(sockets=[sock])
     if not server.started:
         raise CliError(f"could not start on {cfg.base_url}; the log above says why")
     return 0
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (host, port); CliError naming the address if it cannot be."""
+    where = f"{host}:{port}"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise CliError(f"cannot listen on {where}: {exc.strerror or exc}") from exc
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise CliError(f"cannot listen on {where}: {exc.strerror or exc}") from exc
+    return sock
 
 
 # --- agentd worker ------------------------------------------------------------------

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from daemon import lru
 from daemon.config import Config
 from daemon.core.dispatching import CoreLayers
+from daemon.core.expiry import ProgramExpiry
 from daemon.core.lineage import Lineage
 from daemon.errors import CoreError
 from daemon.kv.loop import KvControl
@@ -103,6 +104,7 @@ class Core:
         self.on_request_end: list[
             Callable[[RequestState, protocol.Finish | None], None]] = []
         self.lineage = Lineage(self)
+        self.expiry = ProgramExpiry(self)  # program_idle_timeout_s (daemon/core/expiry.py)
         self.counters: dict[str, float] = {
             "requests_total": 0, "requests_failed": 0, "failovers": 0,
             "prompt_tokens": 0, "generation_tokens": 0, "cached_tokens": 0,
@@ -604,6 +606,7 @@ class Core:
             await asyncio.sleep(self.config.heartbeat_interval_s)
             self.check_health(time.time())
             self._expire_queued(time.time())
+            self.expiry.tick()
 
     async def _kv_loop(self) -> None:
         while True:

@@ -16,7 +16,9 @@ message, longest first. Memory is bounded: the remembered replies are an LRU of
 `REPLIES_REMEMBERED`, one per program (its latest), dropped when the program ends.
 
 Nobody calls release on such a program, so it ends itself: `Config.lineage_idle_s`
-after its last request ended (or was matched), with no request running, it is stopped.
+after its last request ended (or was matched), with no request running, it is stopped,
+by the idle timeout every program has (daemon/core/expiry.py, which records
+`program.expired`), with `lineage_idle_s` as its timeout.
 A Responses API chain (`previous_response_id`) is held the same way (daemon/api/responses.py).
 """
 
@@ -159,6 +161,7 @@ class Lineage:
         now = time.time()
         held.longest_gap = max(held.longest_gap, now - held.quiet_since)
         held.quiet_since = now  # and no idle end between this match and its submit
+        self._core.expiry.lived(program)
         return program
 
     def opened(self, program: ProgramState, asked: Asked) -> None:
@@ -166,6 +169,7 @@ class Lineage:
         held = self._held.get(program.id)
         if held is None:
             held = self._held[program.id] = _Held(asked.tenant, asked.digest, time.time())
+            self._core.expiry.limit(program, self.idle_s, "lineage_idle_s")
         held.asked = asked.digest
         if asked.program is not None:
             self._core.writer.trace(
@@ -210,7 +214,8 @@ class Lineage:
             max(delay, 0.0), self._check, program_id)
 
     def _check(self, program_id: str) -> None:
-        """Past its quiet time a program gives up its KV room; past `idle_s` it ends."""
+        """Past its quiet time a program gives up its KV room (past `idle_s` the idle
+        timeout ends it: daemon/core/expiry.py)."""
         held = self._held.get(program_id)
         program = self._core.programs.get(program_id)
         if held is None or program is None:
@@ -219,15 +224,11 @@ class Lineage:
         if program.active_request is not None:
             return  # the request's end starts the clock again
         quiet = time.time() - held.quiet_since
-        if quiet >= self.idle_s:
-            self._core.set_program_status(
-                program, ProgramStatus.STOPPED, f"idle for {self.idle_s:g} s (no release needed)")
-            return
         if quiet >= self._quiet_s(held) and not held.paused:
             held.paused = True
             self._give_up_room(program)
-        later = self._quiet_s(held) if not held.paused else self.idle_s
-        self._check_at(program_id, held, later - quiet)
+        if not held.paused:
+            self._check_at(program_id, held, self._quiet_s(held) - quiet)
 
     def _give_up_room(self, program: ProgramState) -> None:
         """Pause the program as the KV policy would: a waiting program may take its room;

@@ -239,6 +239,13 @@ class RunController:
         self.on_end: list[Callable[[Run], None]] = []
         self._state_lock = asyncio.Lock()
         self._gpus: float | None = None
+        core.expiry.keep.append(self.owns)
+
+    def owns(self, program_id: str) -> bool:
+        """Whether a live run owns the program (its own or an agent's, `<program>.<agent>.<i>`):
+        the run ends it, not the idle timeout (daemon/core/expiry.py)."""
+        root = program_id.partition(".")[0]
+        return any(run.program_id == root and not run.ended for run in self.runs.values())
 
     async def gpus(self) -> float:
         """The GPUs a run's agents may reserve: configured, else those the daemon sees."""

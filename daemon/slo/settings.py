@@ -9,7 +9,8 @@ table
     [slo.rules]    fields of scheduling.slo.meta.RuleThresholds (the meta-rules built-in)
     [slo.guard]    fields of scheduling.slo.meta.GuardConfig (rollback guard, emergency bypass)
     [slo.llm]      the meta-llm call (LlmSettings)
-    [slo.tenants.NAME]      weight = W (WFQ/stride share; default 1)
+    [slo.tenants.NAME]      weight = W (WFQ/stride share; default 1); program_idle_timeout_s =
+                   S (that tenant's idle programs end after S s, 0: never; daemon/core/expiry.py)
     [slo.tenants.NAME.slo]  TASK = { ttft_ms = N, tpot_ms = N }: that tenant's SLO for a
                    task type of scheduling/slo/templates.py, instead of Table 6's
 

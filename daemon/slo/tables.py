@@ -58,7 +58,8 @@ def parse_tenants(raw: Any) -> tuple[dict[str, float], dict[str, dict[TaskType, 
         problem = tenant_problem(name)
         if problem is not None:
             raise ValueError(f"config key '{key}': {problem}")
-        table = _mapping(key, entry, {"weight", "slo"})
+        # program_idle_timeout_s: read by daemon/core/expiry.py (scheduling/kv/idle.py)
+        table = _mapping(key, entry, {"weight", "slo", "program_idle_timeout_s"})
         if "weight" in table:
             weights[name] = number(f"{key}.weight", table["weight"], float)
             if not weights[name] > 0:

@@ -163,6 +163,9 @@ CASES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/programs"): Case("/v1/programs", OK),
     ("POST", "/v1/programs/{program_id:str}/release"): Case(
         f"/v1/programs/{B_IDLE}/release", NOT_FOUND),
+    # A's own idle programs only: naming B is refused (B's stay live for the other cases).
+    ("POST", "/v1/programs/release-idle"): Case("/v1/programs/release-idle", FORBIDDEN,
+                                                {"idle_s": 0, "tenant": "b"}),
     ("GET", "/v1/sessions/{session_id:str}"): Case(f"/v1/sessions/{B_SESSION}", NOT_FOUND),
     ("GET", "/v1/sessions"): Case("/v1/sessions?tenant=b", OK),
     ("GET", "/v1/sessions/{session_id:str}/trace"): Case(f"/v1/sessions/{B_SESSION}/trace",

@@ -5,12 +5,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Input, Static
 
+from console.client import ClientError, api
 from console.render import PROGRAM_STATUSES
 from console.tui.data import Snapshot
+from console.tui.idle_release import IdlePlanned, idle_question, released
 from console.tui.screens.base import DaemonView
 from console.tui.widgets.programs_table import SORTS, ProgramsTable, sort_programs
 
@@ -44,6 +47,7 @@ class ProgramsScreen(DaemonView):
         Binding("r", "act('resume')", "resume"),
         Binding("d", "act('release')", "release"),
         Binding("x", "act('kill')", "kill"),
+        Binding("i", "release_idle", "release idle"),
         Binding("m", "migrate", "migrate"),
         Binding("t", "trace", "trace"),
         Binding("s", "cycle_sort", "sort"),
@@ -136,6 +140,31 @@ class ProgramsScreen(DaemonView):
         program = self._selected()
         if program is not None:
             self.agentd.confirm_program_action(action, program["id"])
+
+    def action_release_idle(self) -> None:
+        if self.agentd.writable():
+            self.plan_release_idle(self.agentd.idle_release_s)
+
+    @work(exclusive=True, group="release-idle")
+    async def plan_release_idle(self, idle_s: float) -> None:
+        try:
+            answer = await self.agentd.client.call(api.release_idle(idle_s, dry_run=True))
+        except ClientError as exc:
+            self.notify(f"release idle failed: {exc.message}", severity="error")
+            return
+        self.post_message(IdlePlanned(idle_s, answer["data"]))
+
+    def on_idle_planned(self, message: IdlePlanned) -> None:
+        if not message.planned:
+            self.notify(f"no program idle for {message.idle_s:g} s or more")
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.agentd.send(f"release programs idle for {message.idle_s:g} s",
+                                 api.release_idle(message.idle_s), released)
+
+        self.agentd.ask(idle_question(message.idle_s, message.planned), answered)
 
     def action_migrate(self) -> None:
         program = self._selected()
