@@ -1,6 +1,9 @@
 """KV policy benchmark: a concurrency sweep of closed-loop agent programs on two simulated
 llama3-8b-h100 workers, all five KV policies side by side plus the no-thrash bound
-(``vllm-default`` with unlimited KV), on synthetic agents and on the Mooncake trace.
+(``vllm-default`` with unlimited KV), on synthetic agents and on the Mooncake trace, each
+through `agentd replay`: the daemon's own core in virtual time, configured as `agentd
+start` is (a variant is a config change: ``kv_policy``, ``kv_options``,
+``kv_force_resume_s``), seeing what the daemon sees (its residency estimate).
 
     python -m bench.kv [--quick]   ->  bench/results/kv.json, bench/results/kv.png
 
@@ -8,13 +11,7 @@ The JSON's ``ablation`` rows rerun ``agentd`` on the synthetic agents at the low
 the highest concurrency with each ``AgentdOptions`` flag flipped (on-by-default ones off,
 opt-in ones on) and with the other option values in ``VALUES``; at the highest also
 ThunderAgent and agentd with a longer force-resume timeout and with none, which shows
-what each one's wait bound costs. The ``agentd residency=estimate`` row runs agentd on
-the daemon's residency estimate (scheduling/kv/residency.py) instead of the sim's truth,
-``agentd residency=unknown`` on none (None), ``agentd residency=cold`` on "every paused
-program is cold" (what the daemon's view said before it estimated); every agentd row
-reports how the estimate scored against the truth (``residency_estimate``: share of
-paused-program views where they agree, false resident / false cold counts).
-``--residency-only`` runs just these four rows, into bench/results/kv_residency.json.
+what each one's wait bound costs (the flags are the daemon's ``[kv_options]``).
 stdout gets a markdown table per workload and one for the ablation; ``wait p99/max`` is
 ready-to-first-token, counting requests still unserved at the end as waiting until then.
 
@@ -33,7 +30,6 @@ import argparse
 import json
 import os
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
 from functools import partial
 from itertools import product
 from pathlib import Path
@@ -41,14 +37,16 @@ from typing import Any
 
 from bench.common import TRACES, Stopwatch, log, save
 from bench.plot import plot_kv
-from daemon.replay import UNLIMITED_KV, Replay, ReplayConfig, load_trace, synthetic_programs
+from daemon import config as config_mod
+from daemon.replay import Hardware, Workload, load_trace, replay, synthetic_programs
 from daemon.replay.workload import ProgramSpec
-from scheduling.kv import AgentdOptions, AgentdPolicy, KvConfig, KvPolicy, make_kv_policy
+from scheduling.kv import AgentdOptions, KvConfig
 
 POLICIES = ("vllm-default", "sticky", "continuum-ttl", "thunderagent", "agentd")
 BOUND = "no-thrash-bound"
 CONCURRENCY = (16, 32, 64, 128, 256)
 KV_TOKENS = 444_000
+UNLIMITED_KV = 1 << 23  # past any run here (8.4M tokens): the no-thrash bound's KV
 DURATION_S = 300.0
 # AgentdOptions flags that are on by default; each ablation row turns one of them off.
 ON_BY_DEFAULT = ("fair_resume", "release_on_demand", "longest_acting_first", "cached_first",
@@ -69,52 +67,40 @@ def workloads(max_conc: int, seed: int) -> dict[str, list[ProgramSpec]]:
             "mooncake": mooncake[: 40 * max_conc]}
 
 
-# policy, KV tokens per worker, KV config, what the policy knows of a paused program's cache
-Variant = tuple[KvPolicy, int, KvConfig, str]
+# KV tokens per worker, and the daemon config keys the variant sets
+Variant = tuple[int, dict[str, Any]]
 
 
 def main_variant(policy: str) -> Variant:
     if policy == BOUND:
-        return make_kv_policy("vllm-default"), UNLIMITED_KV, KvConfig(), "engine"
-    return make_kv_policy(policy), KV_TOKENS, KvConfig(), "engine"
+        return UNLIMITED_KV, {"kv_policy": "vllm-default"}
+    return KV_TOKENS, {"kv_policy": policy}
 
 
-def flag_variants(kv: KvConfig) -> dict[str, Variant]:
+def flag_variants() -> dict[str, Variant]:
     """agentd as shipped, with each `AgentdOptions` flag flipped, and with `VALUES`."""
     base = AgentdOptions()
-    rows: dict[str, Variant] = residency_variants(kv)
+    rows: dict[str, Variant] = {"agentd": (KV_TOKENS, {"kv_policy": "agentd"})}
     for f in ON_BY_DEFAULT:
-        off: dict[str, Any] = {f: 0.0 if isinstance(getattr(base, f), float) else False}
-        rows[f"agentd -{f}"] = (AgentdPolicy(replace(base, **off)), KV_TOKENS, kv, "engine")
+        off: Any = 0.0 if isinstance(getattr(base, f), float) else False
+        rows[f"agentd -{f}"] = (KV_TOKENS, {"kv_policy": "agentd", "kv_options": {f: off}})
     for f in OFF_BY_DEFAULT:
-        rows[f"agentd +{f}"] = (AgentdPolicy(replace(base, **{f: True})), KV_TOKENS, kv,
-                                "engine")
+        rows[f"agentd +{f}"] = (KV_TOKENS, {"kv_policy": "agentd", "kv_options": {f: True}})
     for f, value in VALUES:
-        changes: dict[str, Any] = {f: value}
-        rows[f"agentd {f}={value:g}"] = (AgentdPolicy(replace(base, **changes)), KV_TOKENS,
-                                         kv, "engine")
+        rows[f"agentd {f}={value:g}"] = (KV_TOKENS, {"kv_policy": "agentd",
+                                                     "kv_options": {f: value}})
     return rows
-
-
-def residency_variants(kv: KvConfig) -> dict[str, Variant]:
-    """agentd told the sim's truth about paused programs' caches, the estimate a daemon
-    makes from reported token counts, nothing (None: the issue's plain order), and
-    that every one is cold (what the daemon's view said before it estimated)."""
-    return {"agentd": (AgentdPolicy(), KV_TOKENS, kv, "engine"),
-            "agentd residency=estimate": (AgentdPolicy(), KV_TOKENS, kv, "estimate"),
-            "agentd residency=unknown": (AgentdPolicy(), KV_TOKENS, kv, "unknown"),
-            "agentd residency=cold": (AgentdPolicy(), KV_TOKENS, kv, "cold")}
 
 
 def ablation_variants(high: bool) -> dict[str, Variant]:
     """Every flag flipped at low and at high load; at high load also both program-aware
     policies under a longer force-resume timeout and with none."""
-    rows = flag_variants(KvConfig())
+    rows = flag_variants()
     if not high:
         return rows
     for limit, name in product(FORCE_RESUME_S, ("thunderagent", "agentd")):
         rows[f"{name} force_resume_s={limit:g}"] = (
-            make_kv_policy(name), KV_TOKENS, KvConfig(force_resume_s=limit), "engine")
+            KV_TOKENS, {"kv_policy": name, "kv_force_resume_s": limit})
     return rows
 
 
@@ -129,13 +115,13 @@ def _load(max_conc: int, seed: int) -> None:
 def run_task(task: Task, high: int, duration: float) -> dict[str, Any]:
     """One replay; runs in a worker process that `_load`ed the workloads."""
     workload, conc, label, ablated = task
-    policy, kv_tokens, kv, residency = (ablation_variants(conc == high)[label] if ablated
-                                        else main_variant(label))
-    cfg = ReplayConfig(workers=2, kv_tokens=kv_tokens, concurrency=conc, duration_s=duration,
-                       kv=kv, residency=residency)
-    row = Replay(_LOADED[workload], cfg, policy).run()
+    kv_tokens, keys = ablation_variants(conc == high)[label] if ablated else main_variant(label)
+    config = config_mod.load(flags=keys, env={})
+    hardware = Hardware(workers=2, kv_tokens=kv_tokens, cost_model="llama3-8b-h100",
+                        max_num_seqs=256, max_batched_tokens=8192)
+    row = replay(_LOADED[workload], config, hardware, Workload(conc, duration))
     return {"workload": workload, "concurrency": conc, **row, "policy": label,
-            "force_resume_s": kv.force_resume_s}
+            "force_resume_s": config.kv_force_resume_s}
 
 
 def tasks(concs: tuple[int, ...]) -> tuple[list[Task], list[Task]]:
@@ -168,16 +154,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="replays run in parallel (each is single-threaded and deterministic)")
     p.add_argument("--concurrency", help="comma-separated live-program counts (overrides "
                                          "the sweep and --quick's)")
-    p.add_argument("--residency-only", action="store_true",
-                   help="only agentd on the sim's residency truth and on the daemon's "
-                        "estimate, synthetic agents -> bench/results/kv_residency.json")
     args = p.parse_args(argv)
     concs: tuple[int, ...] = (16, 256) if args.quick else CONCURRENCY
     if args.concurrency:
         concs = tuple(int(c) for c in args.concurrency.split(","))
     duration = 120.0 if args.quick else DURATION_S
-    if args.residency_only:
-        return residency_main(concs, duration, args.seed, max(1, args.jobs))
     clock = Stopwatch()
     main_tasks, ablation_tasks = tasks(concs)
     done = run_all(main_tasks + ablation_tasks, concs, duration, args.seed, max(1, args.jobs))
@@ -197,43 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     plot_kv(rows, Path(path).with_suffix(".png"))
     print(tables(rows))
     print(ablation_table(ablated))
-    print(residency_table(ablated))
     log(targets(rows, concs))
     return 0
-
-
-def residency_main(concs: tuple[int, ...], duration: float, seed: int, jobs: int) -> int:
-    clock = Stopwatch()
-    todo = [("synthetic-agents", c, label, True) for c in concs
-            for label in residency_variants(KvConfig())]
-    rows = run_all(todo, concs, duration, seed, jobs)
-    params = {"workers": 2, "kv_tokens_per_worker": KV_TOKENS, "cost_model": "llama3-8b-h100",
-              "duration_s": duration, "concurrency": list(concs), "seed": seed,
-              "simulated": True, "jobs": jobs, "wall_s": round(clock.elapsed(), 1)}
-    save("kv_residency", params, rows)
-    print(residency_table(rows))
-    return 0
-
-
-def residency_table(rows: list[dict[str, Any]]) -> str:
-    """agentd on the residency estimate against agentd on the sim's truth, and how the
-    estimate scored on every paused program the policy looked at."""
-    out = ["\nresidency: agentd on the sim's truth vs the daemon's estimate (synthetic agents)\n",
-           "| variant | c | steps/min | vs truth | prefix hit | estimate agrees "
-           "| false resident | false cold | paused views |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        if r["policy"] not in residency_variants(KvConfig()):
-            continue
-        base = next(b for b in rows if b["policy"] == "agentd"
-                    and b["concurrency"] == r["concurrency"])
-        est = r["residency_estimate"]
-        ratio = float(r["throughput_steps_per_min"]) / max(
-            float(base["throughput_steps_per_min"]), 1e-9)
-        out.append(f"| {r['policy']} | {r['concurrency']} | {r['throughput_steps_per_min']} | "
-                   f"{ratio:.3f}x | {r['prefix_hit_rate']} | {est['agree_share']} | "
-                   f"{est['false_resident']} | {est['false_cold']} | {est['paused_views']} |")
-    return "\n".join(out)
 
 
 def _ratio(rows: list[dict[str, Any]], row: dict[str, Any]) -> float:

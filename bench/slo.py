@@ -1,8 +1,10 @@
 """SLO stack benchmark (H-MAS, issue item 8): Azure 2023 code and conversation traces at
 rising load, plus three slices isolating one timescale each, on one simulated Llama-3-8B /
-H100 worker (``llama3-8b-h100`` cost model, 444k KV tokens). Side by side on every
-scenario: each fixed pool policy (FCFS first), meta-rules, meta-bandit, the full stack
-and its ablations (slo_stacks.py).
+H100 worker (``llama3-8b-h100`` cost model, 444k KV tokens), through `agentd replay`: the
+daemon's own SLO stack in virtual time, configured as `agentd start` is. Side by side on
+every scenario: each fixed pool policy (FCFS first: ``meta_policy`` = the policy),
+meta-rules, meta-bandit, and ``full`` (meta-rules with the statera admission: the
+daemon's default configuration).
 
     python -m bench.slo [--quick] [--jobs N]  ->  bench/results/slo.json, slo.png
     python -m bench.slo --scenarios conv-x30,slice-shift --stacks fcfs,full
@@ -41,6 +43,7 @@ Every number is from the simulated engine in virtual time (``"simulated": true``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -51,16 +54,15 @@ from typing import Any
 
 from bench.common import TRACES, Stopwatch, log, save
 from bench.plot import plot_slo
-from daemon.replay import Replay, ReplayConfig, slo_stack
+from daemon import config as config_mod
+from daemon.replay import Hardware, Workload, replay
+from daemon.replay.cli import variants
 from daemon.replay.traces import load_azure, with_arrival
 from daemon.replay.workload import ProgramSpec
-from scheduling.kv import make_kv_policy
 
 FIXED = ("fcfs", "sjf", "srtf", "edf", "llf", "two_lane", "two_lane_esg", "esg", "esg_fast",
          "wfq", "stride", "priority", "mlfq")
-STACKS = (*FIXED, "meta-rules", "meta-bandit", "full", "full-no-two-lane",
-          "full-frozen-statera", "full-no-meta", "full-rule-prediction", "full-fifo-late",
-          "full-lanes-first")
+STACKS = (*FIXED, "meta-rules", "meta-bandit", "full")
 # trace -> (first trace second, number of rows, load factors)
 SWEEP: dict[str, tuple[float, int, tuple[float, ...]]] = {
     "code": (840.0, 4000, (2.0, 4.0, 8.0, 16.0)),
@@ -69,7 +71,8 @@ SWEEP: dict[str, tuple[float, int, tuple[float, ...]]] = {
 BURST_S = 150.0
 DRIFT_S, DRIFT_RATE = 90.0, 24.0
 SHIFT_S, SHIFT_LOADS = 45.0, (2.5, 10.0)
-CONFIG = ReplayConfig(workers=1, kv_tokens=444_000, cost_model="llama3-8b-h100")
+HARDWARE = Hardware(workers=1, kv_tokens=444_000, cost_model="llama3-8b-h100",
+                    max_num_seqs=256, max_batched_tokens=8192)
 KV_POLICY = "vllm-default"
 
 
@@ -158,9 +161,10 @@ def specs_for(scenario: Scenario) -> tuple[ProgramSpec, ...]:
 def run_one(task: tuple[Scenario, str]) -> dict[str, Any]:
     scenario, stack = task
     specs = list(specs_for(scenario))
-    row = Replay(specs, CONFIG, make_kv_policy(KV_POLICY), slo_stack(stack)).run()
+    (config,) = variants(config_mod.load(env={}), KV_POLICY, stack)
+    row = replay(specs, config, HARDWARE, Workload())
     return {"scenario": scenario.name, "load": scenario.load if scenario.kind == "sweep"
-            else None, "requests": len(specs), **row}
+            else None, "requests": len(specs), **row, "ordering": stack}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,8 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     clock = Stopwatch()
     tasks = [(sc, st) for sc in chosen[0] for st in chosen[1]]
     rows = _run_all(tasks, args.jobs, clock)
-    params = {"workers": CONFIG.workers, "kv_tokens": CONFIG.kv_tokens,
-              "cost_model": CONFIG.cost_model, "kv_policy": KV_POLICY,
+    params = {"hardware": dataclasses.asdict(HARDWARE), "kv_policy": KV_POLICY,
               "sweep": {k: {"start_s": v[0], "requests": v[1], "loads": list(v[2])}
                         for k, v in SWEEP.items()},
               "burst_s": BURST_S, "drift_s": DRIFT_S, "drift_rate": DRIFT_RATE,
@@ -204,10 +207,8 @@ def _pick(known: list[Scenario], names: str | None, stacks: str | None
         if name not in by_name:
             raise ValueError(f"--scenarios: unknown {name!r}; known: {', '.join(by_name)}")
     for stack in picked:
-        try:
-            slo_stack(stack)
-        except KeyError as exc:
-            raise ValueError(f"--stacks: {exc.args[0]}") from None
+        if stack not in STACKS:
+            raise ValueError(f"--stacks: unknown {stack!r}; known: {', '.join(STACKS)}")
     return [by_name[n] for n in wanted], picked
 
 

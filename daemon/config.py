@@ -50,6 +50,9 @@ class Config:
     # Bound on a ready program's wait for KV; longer trades that bound for throughput
     # (bench/kv.py ablation: 30 s -> 1.10x vllm-default at 256 programs, no limit -> 1.88x).
     kv_force_resume_s: float = 30.0
+    # [kv_options]: the agentd policy's AgentdOptions (scheduling/kv/agentd.py), for tuning
+    # and ablations (bench/kv.py); empty = as shipped.
+    kv_options: dict[str, Any] = field(default_factory=dict)
     # SLO scheduling (daemon/slo/settings.py): the policies each layer starts with.
     ordering_policy: str = "fcfs"  # a pool policy of scheduling/slo/ordering.py
     meta_policy: str = "meta-rules"  # meta-rules | meta-bandit | meta-llm | off | a pool policy
@@ -193,6 +196,13 @@ def validate(cfg: Config) -> None:
     if cfg.kv_policy not in KV_POLICIES:
         raise ConfigError(
             f"kv_policy must be one of {', '.join(sorted(KV_POLICIES))}, got {cfg.kv_policy!r}")
+    if cfg.kv_options:
+        from scheduling.kv.registry import agentd_options
+
+        try:
+            agentd_options(cfg.kv_policy, cfg.kv_options)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     from daemon.slo.settings import config_problem
 
     problem = config_problem(cfg)

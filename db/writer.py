@@ -50,8 +50,13 @@ class NotDurable(Exception):
 
 
 class BatchWriter:
-    def __init__(self, engine: AsyncEngine, interval_s: float = 0.05, max_batch: int = 2000):
+    def __init__(self, engine: AsyncEngine, interval_s: float = 0.05, max_batch: int = 2000,
+                 keep: bool = True, clock: Callable[[], float] = time.time):
         self._engine = engine
+        self._clock = clock  # trace timestamps: wall time, or a replay's virtual time
+        # False: operations are counted as committed and dropped, for a replay that keeps
+        # no store (daemon/replay/virtual.py without --store).
+        self._keep = keep
         self._interval = interval_s
         self._max_batch = max_batch
         self._pending: list[_Op] = []
@@ -85,7 +90,7 @@ class BatchWriter:
     def trace(self, kind: str, **fields: Any) -> None:
         # Stamped at enqueue and never decreasing, so a trace read in id order is
         # also in time order, even across a wall-clock step backwards.
-        self._last_ts = max(self._last_ts, time.time())
+        self._last_ts = max(self._last_ts, self._clock())
         row = {
             "ts": self._last_ts,
             "kind": kind,
@@ -98,8 +103,11 @@ class BatchWriter:
         self.insert("trace_events", row)
 
     def _push(self, op: _Op) -> None:
-        self._pending.append(op)
         self._enqueued += 1
+        if not self._keep:
+            self._committed += 1
+            return
+        self._pending.append(op)
         if len(self._pending) >= self._max_batch:
             self._wake.set()
 

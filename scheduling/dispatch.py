@@ -38,7 +38,7 @@ class Layers(Protocol):
     def admits(self, request_id: str, worker: str) -> AdmissionDecision:
         """The stability agent's answer for the request on the worker (no effect)."""
 
-    def route(self, request_id: str) -> str | None:
+    def route(self, request_id: str, now: float) -> str | None:
         """The KV policy's worker for the request's program (a known one); None holds it
         back (it is parked)."""
 
@@ -98,12 +98,12 @@ def dispatch(parked: Iterable[str], ordered: Ordered, open_workers: set[str], la
     workers fill or refuse. Apply each decision before taking the next."""
     open_ = set(open_workers)
     waiting: list[str] = []  # the parked ones that stay
-    yield from _parked(parked, open_, layers, waiting)
+    yield from _parked(parked, open_, layers, now, waiting)
     yield StillParked(tuple(waiting))
     yield from _ordered(ordered, open_, layers, now)
 
 
-def _parked(parked: Iterable[str], open_: set[str], layers: Layers,
+def _parked(parked: Iterable[str], open_: set[str], layers: Layers, now: float,
             waiting: list[str]) -> Iterator[Decision]:
     for rid in parked:
         if not layers.queued(rid):
@@ -114,7 +114,7 @@ def _parked(parked: Iterable[str], open_: set[str], layers: Layers,
                 yield refusal
             waiting.append(rid)
             continue
-        worker = layers.route(rid)
+        worker = layers.route(rid, now)
         if worker is None:
             waiting.append(rid)
             continue
@@ -152,7 +152,7 @@ def _ordered(ordered: Ordered, open_: set[str], layers: Layers,
             if open_ and ordered.take(head, now):
                 aside.append(head)
             continue
-        worker = layers.route(rid)
+        worker = layers.route(rid, now)
         if not ordered.take(head, now):
             continue
         if worker is None:

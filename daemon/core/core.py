@@ -38,7 +38,7 @@ from daemon.state import (
     WorkerState,
 )
 from daemon.workers import protocol
-from daemon.workers.broker import Broker
+from daemon.workers.broker import Broker, WorkerLink
 from daemon.workers.counts import (
     ProtocolTallies,
     clean_delta,
@@ -68,11 +68,18 @@ def new_id(prefix: str) -> str:
 
 
 class Core:
-    def __init__(self, config: Config, writer: BatchWriter, sessions: async_sessionmaker[Any]):
+    def __init__(self, config: Config, writer: BatchWriter, sessions: async_sessionmaker[Any],
+                 clock: Callable[[], float] = time.time, link: WorkerLink | None = None,
+                 ids: Callable[[str], str] = new_id) -> None:
+        # Wall time and random ids in the daemon; in a replay (daemon/replay/) virtual time
+        # and numbered ids, so that a run repeats exactly.
+        self.clock = clock
+        self.new_id = ids
         self.config = config
         self.writer = writer
         self.sessions = sessions
-        self.broker = Broker(config.broker_endpoint, self._on_worker_message)
+        # Workers over ZeroMQ; the replay's sim workers in process (daemon/replay/).
+        self.broker: WorkerLink = link or Broker(config.broker_endpoint, self.on_worker_message)
         self.workers: dict[str, WorkerState] = {}
         self.programs: dict[str, ProgramState] = {}
         self.requests: dict[str, RequestState] = {}
@@ -81,7 +88,6 @@ class Core:
         self._tasks: list[asyncio.Task[None]] = []
         self._accepting = True
         self._pumping = False
-        self._layers = CoreLayers(self)
         self._remove_metrics: list[Callable[[], None]] = []
         self.worker_key = ""  # read at start: the file may be created then
         self.watch = ProgressWatch(config.request_stall_timeout_s,
@@ -91,11 +97,12 @@ class Core:
         # (daemon/runtime/global_controller.py) sets this.
         self.control: Any = None
         self.kv = KvControl(self, config.kv_policy,
-                           KvConfig(force_resume_s=config.kv_force_resume_s))
+                           KvConfig(force_resume_s=config.kv_force_resume_s), config.kv_options)
         self.slo = SloControl(self, parse_settings(config.slo))
         # The one global waiting queue: ordered by the active ordering policy, plus the
         # requests whose program the KV policy holds (see pump).
         self.queue = self.slo.waiting
+        self._layers = CoreLayers(self.requests, self.programs, self.workers, self.slo, self.kv)
         # Parts that follow program lifecycles (tools) subscribe here.
         self.on_program_end: list[Callable[[ProgramState], None]] = [
             lambda p: self.slo.tagging.forget(p.id)]
@@ -104,7 +111,7 @@ class Core:
         self.on_request_end: list[
             Callable[[RequestState, protocol.Finish | None], None]] = []
         self.lineage = Lineage(self)
-        self.expiry = ProgramExpiry(self)  # program_idle_timeout_s (daemon/core/expiry.py)
+        self.expiry = ProgramExpiry(self, self.clock)  # program_idle_timeout_s (core/expiry.py)
         self.counters: dict[str, float] = {
             "requests_total": 0, "requests_failed": 0, "failovers": 0,
             "prompt_tokens": 0, "generation_tokens": 0, "cached_tokens": 0,
@@ -161,7 +168,7 @@ class Core:
             if restored is not None:
                 self.programs[program_id] = restored
                 return await self.ensure_program(program_id, session_id, pinned)
-        return self._create_program(program_id or new_id("prog"), session_id, pinned)
+        return self._create_program(program_id or self.new_id("prog"), session_id, pinned)
 
     async def load_program(self, program_id: str) -> ProgramState | None:
         async with self.sessions() as s:
@@ -178,7 +185,7 @@ class Core:
     def _create_program(
         self, program_id: str, session_id: str | None, pinned: bool
     ) -> ProgramState:
-        now = time.time()
+        now = self.clock()
         sid = session_id or program_id
         if self._known_sessions.get(sid) is None:
             self._known_sessions.setdefault(sid, True)
@@ -217,7 +224,7 @@ class Core:
     def set_program_status(self, program: ProgramState, status: ProgramStatus, reason: str) -> None:
         if program.status == status:
             return
-        now = time.time()
+        now = self.clock()
         old = program.status
         program.status = status
         program.status_since = now
@@ -282,9 +289,9 @@ class Core:
                 f"('{program.active_request}'); a program issues one LLM call at a time",
                 status=409, code="program_busy",
             )
-        now = time.time()
+        now = self.clock()
         req = RequestState(
-            id=new_id("req"), program_id=program.id, session_id=program.session_id, kind=kind,
+            id=self.new_id("req"), program_id=program.id, session_id=program.session_id, kind=kind,
             model=model, sampling=sampling, queued_at=now, prompt=prompt, messages=messages,
             priority=priority, tools=tools, prompt_token_ids=prompt_token_ids,
             segments=segments,
@@ -334,7 +341,7 @@ class Core:
         self._pumping = True
         try:
             decisions = dispatch(list(self.queue.parked), self.queue.ordered,
-                                 self.slo.open_workers(), self._layers, time.time())
+                                 self.slo.open_workers(), self._layers, self.clock())
             for decision in decisions:
                 self._apply(decision)
         finally:
@@ -357,7 +364,7 @@ class Core:
         frame = self._submit_frame(req)
         if frame is None:
             return
-        now = time.time()
+        now = self.clock()
         first_dispatch = req.dispatched_at is None
         req.status = RequestStatus.RUNNING
         req.worker_id = worker.id
@@ -408,7 +415,7 @@ class Core:
 
     # --- worker messages --------------------------------------------------------
 
-    def _on_worker_message(self, identity: bytes, msg: protocol.WorkerMessage) -> None:
+    def on_worker_message(self, identity: bytes, msg: protocol.WorkerMessage) -> None:
         if isinstance(msg, protocol.Register):
             self._on_register(identity, msg)
             return
@@ -417,7 +424,7 @@ class Core:
             self.broker.send(identity, protocol.RegisterAck(
                 accepted=False, message="unknown worker: register again"))
             return
-        worker.last_seen = time.time()
+        worker.last_seen = self.clock()
         if worker.status == "unhealthy":
             self._set_worker_status(worker, "healthy", "heartbeat resumed")
         if isinstance(msg, protocol.Heartbeat):
@@ -458,7 +465,7 @@ class Core:
         if refused is not None:
             self._refuse(identity, msg, *refused)
             return
-        now = time.time()
+        now = self.clock()
         old = self.workers.get(msg.worker_id)
         worker = WorkerState(
             id=msg.worker_id, identity=identity, engine=msg.engine, model=msg.model,
@@ -500,7 +507,7 @@ class Core:
         req = self.requests.get(msg.request_id)
         if req is None or req.status != RequestStatus.RUNNING or req.worker_id != worker.id:
             return
-        now = time.time()
+        now = self.clock()
         msg = self._checked(worker, "token delta",
                             clean_delta(msg, req.output_tokens, req.sampling.max_tokens))
         self.watch.progressed(req.id, now)
@@ -556,7 +563,7 @@ class Core:
         self, req: RequestState, status: RequestStatus, reason: str,
         error: str | None = None, finish: protocol.Finish | None = None,
     ) -> None:
-        now = time.time()
+        now = self.clock()
         req.status = status
         req.finished_at = now
         self.watch.forget(req.id)
@@ -604,9 +611,15 @@ class Core:
     async def _health_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.heartbeat_interval_s)
-            self.check_health(time.time())
-            self._expire_queued(time.time())
-            self.expiry.tick()
+            self.health_tick()
+
+    def health_tick(self) -> None:
+        """Once per heartbeat interval: silent workers, queued requests with no worker,
+        idle programs (the replay calls it at the same period in virtual time)."""
+        now = self.clock()
+        self.check_health(now)
+        self._expire_queued(now)
+        self.expiry.tick()
 
     async def _kv_loop(self) -> None:
         while True:
@@ -707,7 +720,7 @@ class Core:
         program = self.programs.get(req.program_id)
         if program is not None:
             program.ready_request = req.id
-            program.ready_since = time.time()
+            program.ready_since = self.clock()
             self.set_program_status(program, ProgramStatus.PAUSED, reason)
         self.queue.parked.appendleft(req.id)
 

@@ -5,36 +5,39 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from daemon.state import RESIDENT, ProgramState, RequestStatus, WorkerState
+from daemon.state import RESIDENT, ProgramState, RequestState, RequestStatus, WorkerState
 from scheduling.slo.admission import AdmissionDecision
 
 if TYPE_CHECKING:
-    from daemon.core.core import Core
+    from daemon.kv.loop import KvControl
+    from daemon.slo.stack import SloControl
 
 
 class CoreLayers:
-    def __init__(self, core: Core) -> None:
-        self.core = core
+    def __init__(self, requests: dict[str, RequestState], programs: dict[str, ProgramState],
+                 workers: dict[str, WorkerState], slo: SloControl, kv: KvControl) -> None:
+        self.requests, self.programs, self.workers = requests, programs, workers
+        self.slo, self.kv = slo, kv
 
     def queued(self, request_id: str) -> bool:
-        req = self.core.requests.get(request_id)
+        req = self.requests.get(request_id)
         return req is not None and req.status == RequestStatus.QUEUED
 
     def home(self, request_id: str) -> str | None:
-        return home(self._program(request_id), self.core.workers)
+        return home(self._program(request_id), self.workers)
 
     def admits(self, request_id: str, worker: str) -> AdmissionDecision:
-        return self.core.slo.admit(request_id, self.core.workers[worker])
+        return self.slo.admit(request_id, self.workers[worker])
 
-    def route(self, request_id: str) -> str | None:
-        worker = self.core.kv.route(self._program(request_id))
-        return worker if worker in self.core.workers else None
+    def route(self, request_id: str, now: float) -> str | None:
+        worker = self.kv.route(self._program(request_id), now)
+        return worker if worker in self.workers else None
 
     def has_room(self, worker: str) -> bool:
-        return self.core.slo.has_room(worker)
+        return self.slo.has_room(worker)
 
     def _program(self, request_id: str) -> ProgramState:
-        return self.core.programs[self.core.requests[request_id].program_id]
+        return self.programs[self.requests[request_id].program_id]
 
 
 def home(program: ProgramState, workers: dict[str, WorkerState]) -> str | None:

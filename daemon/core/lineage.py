@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -158,7 +157,7 @@ class Lineage:
             return None  # ended, or busy: a concurrent copy of one conversation is not it
         if session_id is not None and session_id != program.session_id:
             return None
-        now = time.time()
+        now = self._core.clock()
         held.longest_gap = max(held.longest_gap, now - held.quiet_since)
         held.quiet_since = now  # and no idle end between this match and its submit
         self._core.expiry.lived(program)
@@ -168,7 +167,7 @@ class Lineage:
         """`program` is about to run the request `asked`; from now on the daemon ends it."""
         held = self._held.get(program.id)
         if held is None:
-            held = self._held[program.id] = _Held(asked.tenant, asked.digest, time.time())
+            held = self._held[program.id] = _Held(asked.tenant, asked.digest, self._core.clock())
             self._core.expiry.limit(program, self.idle_s, "lineage_idle_s")
         held.asked = asked.digest
         if asked.program is not None:
@@ -188,7 +187,7 @@ class Lineage:
         held = self._held.get(req.program_id)
         if held is None:
             return
-        held.quiet_since, held.paused = time.time(), False
+        held.quiet_since, held.paused = self._core.clock(), False
         if finish is not None and req.status == RequestStatus.FINISHED:
             reply = reply_turn(req, finish)
             self._remember(req.program_id, held, (held.tenant, extend(held.asked, reply)))
@@ -223,7 +222,7 @@ class Lineage:
         held.timer = None
         if program.active_request is not None:
             return  # the request's end starts the clock again
-        quiet = time.time() - held.quiet_since
+        quiet = self._core.clock() - held.quiet_since
         if quiet >= self._quiet_s(held) and not held.paused:
             held.paused = True
             self._give_up_room(program)

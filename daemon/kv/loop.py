@@ -15,9 +15,8 @@ each request reports (scheduling/kv/residency.py): the engine does not say.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from daemon.state import ProgramState, ProgramStatus, RequestState
 from scheduling.kv import (
@@ -49,9 +48,10 @@ _TO_KV = {
 
 
 class KvControl:
-    def __init__(self, core: Core, policy_name: str, config: KvConfig | None = None) -> None:
+    def __init__(self, core: Core, policy_name: str, config: KvConfig | None = None,
+                 options: Mapping[str, Any] | None = None) -> None:
         self.core = core
-        self.policy: KvPolicy = make_kv_policy(policy_name)
+        self.policy: KvPolicy = make_kv_policy(policy_name, options)
         self.config = config or KvConfig()
         self.tools = ToolClocks()
         self.residency = ResidencyEstimator()
@@ -96,10 +96,11 @@ class KvControl:
 
     # --- calls into the policy --------------------------------------------------
 
-    def route(self, program: ProgramState) -> str | None:
+    def route(self, program: ProgramState, now: float | None = None) -> str | None:
+        """`now`: the dispatch step's, so every request it routes sees the same time."""
         if program.held:
             return None
-        now = time.time()
+        now = self.core.clock() if now is None else now
         worker_id = self.policy.route(self.view(), program.id, now)
         if worker_id is not None and program.status in (ProgramStatus.QUEUED, ProgramStatus.PAUSED):
             kind = Admit if program.status == ProgramStatus.QUEUED else Restore
@@ -107,7 +108,7 @@ class KvControl:
         return worker_id
 
     def tick(self) -> None:
-        self.apply(self.policy.decide(self.view(), time.time()))
+        self.apply(self.policy.decide(self.view(), self.core.clock()))
         self._views.forget_gone(self.core.programs)
         self.tools.forget_except(self.core.programs)
 
@@ -124,7 +125,7 @@ class KvControl:
         if program.held and program.worker_id is not None:
             self.apply([Pause(program.id, program.worker_id, "paused by an operator")])
             return
-        self.apply(self.policy.on_request_end(self.view(), program.id, time.time()))
+        self.apply(self.policy.on_request_end(self.view(), program.id, self.core.clock()))
 
     def migrate(self, program: ProgramState, target: str, now: bool, by: str) -> MigrationPlan:
         program.held = False

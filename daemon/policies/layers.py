@@ -23,6 +23,7 @@ from scheduling.kv import (
     ProgramView,
     WorkerView,
 )
+from scheduling.kv.registry import agentd_options
 
 __all__ = ["LAYERS", "DryCall", "Layer", "kv_dry_calls", "sample_kv_view"]
 
@@ -83,6 +84,9 @@ KV_LAYER = Layer(
     "kv", KvPolicy, ("decide", "route", "on_request_end"), KV_POLICIES, kv_dry_calls,
     sample=sample_kv_view, live=lambda core: core.kv.view(), install=_install_kv,
     default=lambda config: str(config.kv_policy),
+    # The configured [kv_options] tune the built-in agentd, as at start (daemon/kv/loop.py).
+    tuning=lambda name, core: ({"options": agentd_options(name, core.config.kv_options)}
+                               if name == "agentd" and core.config.kv_options else {}),
 )
 
 LAYERS: dict[str, Layer] = {"kv": KV_LAYER, **SLO_LAYERS, "control": CONTROL_LAYER}

@@ -1,28 +1,25 @@
-"""Virtual-time trace replay: the scheduling stack against simulated workers.
+"""Virtual-time trace replay: the daemon's own scheduling against simulated workers.
 
-``Replay(specs, ReplayConfig(...), make_kv_policy(name), slo_stack(name)).run()`` gives one
-result row; ``agentd replay`` (``replay_main``) runs several side by side.
+``replay(specs, config, Hardware(...), Workload(...))`` gives one result row;
+``agentd replay`` (``replay_main``) runs several configurations side by side.
 """
 
 from daemon.replay.cli import add_replay_parser, replay_main
-from daemon.replay.harness import UNLIMITED_KV, Replay, ReplayConfig
-from daemon.replay.slo import SloStack, slo_stack
 from daemon.replay.synthetic import AgentShape, fit_tracelab, synthetic_programs
 from daemon.replay.traces import load_trace
+from daemon.replay.virtual import Hardware, Workload, replay
 from daemon.replay.workload import ProgramSpec, StepSpec
 
 __all__ = [
-    "UNLIMITED_KV",
     "AgentShape",
+    "Hardware",
     "ProgramSpec",
-    "Replay",
-    "ReplayConfig",
-    "SloStack",
     "StepSpec",
+    "Workload",
     "add_replay_parser",
     "fit_tracelab",
     "load_trace",
+    "replay",
     "replay_main",
-    "slo_stack",
     "synthetic_programs",
 ]

@@ -1,33 +1,46 @@
-"""``agentd replay``: run traces through the scheduling stack on simulated workers in
-virtual time and write a JSON comparison. Every number it prints is simulated.
+"""``agentd replay``: run traces through the daemon's own scheduling in virtual time, with
+simulated workers in process (daemon/replay/virtual.py), and write a JSON comparison.
+Every number it prints is simulated.
 
-Real-worker (wall-clock) replay against live engines is not part of this command.
+It reads the same configuration as ``agentd start`` (``--config FILE``, ``AGENTD_*``
+variables, the same keys and defaults). ``--policy`` and ``--ordering`` run several
+configurations side by side: each value sets ``kv_policy``, or the SLO layers
+(``meta_policy``: a pool policy runs fixed, ``meta-rules`` / ``meta-bandit`` /
+``meta-llm`` switch among the pool; ``full`` is ``meta-rules`` with the ``statera``
+admission, the daemon's default). The hardware flags describe the simulated workers; their
+defaults are the daemon's own simulated worker's.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from daemon.replay.harness import Replay, ReplayConfig
-from daemon.replay.residency import RESIDENCY_MODES
-from daemon.replay.slo import ORDERINGS, SloStack, slo_stack
+from daemon import config as config_mod
+from daemon.config import Config, ConfigError
 from daemon.replay.synthetic import synthetic_programs
 from daemon.replay.traces import FORMATS, TraceError, load_azure, load_trace, scale_arrivals
+from daemon.replay.virtual import Hardware, Workload, replay
 from daemon.replay.workload import ProgramSpec
-from scheduling.kv import KV_POLICIES, make_kv_policy
-from scheduling.slo.templates import TABLE_6, Slo, SloTable, TaskType
+from scheduling.kv import KV_POLICIES
+from scheduling.layers import META_POLICIES
+from scheduling.slo.ordering import default_registry
+from scheduling.slo.templates import TaskType
 
 AZURE_TASKS = {"code": TaskType.CODE_GENERATION.value, "conv": TaskType.DIALOGUE.value}
+# --ordering values besides the pool policies: the meta policies, and `full`.
+FULL = {"meta_policy": "meta-rules", "admission_policy": "statera"}
+ORDERINGS = (*default_registry().names(), *META_POLICIES, "full")
 
 
 def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
-        "replay", help="replay a trace against simulated workers in virtual time")
+        "replay", help="replay a trace through the daemon's scheduling in virtual time")
     _arguments(p)
     p.set_defaults(func=_run_reporting_errors)
     return p
@@ -38,25 +51,29 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=FORMATS, default="programs")
     p.add_argument("--synthetic-agents", type=int, metavar="N",
                    help="N synthetic agent programs fitted to the TraceLab session")
-    p.add_argument("--policy", default="agentd",
-                   help=f"KV policies, comma-separated: {', '.join(sorted(KV_POLICIES))}")
-    p.add_argument("--ordering", default=None,
-                   help="SLO stacks run side by side, comma-separated: a pool policy, "
-                        "meta-rules, meta-bandit, meta-llm, full or an ablation of full "
-                        f"({', '.join(ORDERINGS)}); omit for KV-only runs")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--kv-tokens", type=int, default=444_000, help="KV capacity per worker")
-    p.add_argument("--cost-model", default="llama3-8b-h100", help="shipped name or JSON file")
+    p.add_argument("--config", help="the daemon's TOML config file (as agentd start)")
+    p.add_argument("--policy", help="kv_policy values run side by side, comma-separated: "
+                                    f"{', '.join(sorted(KV_POLICIES))} (default: the config's)")
+    p.add_argument("--ordering", help="SLO layers run side by side, comma-separated: "
+                                      f"{', '.join(ORDERINGS)} (default: the config's)")
+    hw = Hardware()
+    p.add_argument("--workers", type=int, help="simulated workers (default: the config's)")
+    p.add_argument("--kv-tokens", type=int,
+                   help="KV capacity per worker (default: the config's sim_kv_tokens)")
+    p.add_argument("--cost-model", help="shipped name or JSON file "
+                                        "(default: the config's sim_cost_model)")
+    p.add_argument("--time-scale", type=float,
+                   help="multiplies step time (default: the config's sim_time_scale)")
+    p.add_argument("--max-batch", type=int, default=hw.max_num_seqs,
+                   help="sequences per step, as `agentd worker --max-batch`")
+    p.add_argument("--max-batched-tokens", type=int, default=hw.max_batched_tokens,
+                   help="tokens per step")
     p.add_argument("--concurrency", type=int, help="cap on live programs (closed loop)")
-    p.add_argument("--time-scale", type=float, default=1.0, help="multiplies step time")
-    p.add_argument("--kv-residency", choices=RESIDENCY_MODES, default="engine",
-                   help="what the KV policy knows of a paused program's cache: the sim's "
-                        "truth, the daemon's estimate from reported token counts, nothing "
-                        "(unknown) or that it is evicted (cold)")
     p.add_argument("--duration-s", type=float, help="stop at this virtual time")
     p.add_argument("--load", type=float, default=1.0, help="multiplies the arrival rate")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--slo-template", help='JSON {"task": {"ttft_s": x, "tpot_s": y}}')
+    p.add_argument("--store", help="keep the run's programs, requests and traces in this "
+                                   "SQLite file (open it with agentd start --db)")
     p.add_argument("--json", dest="json_out", help="write the result JSON here")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
@@ -74,65 +91,51 @@ def load_specs(args: argparse.Namespace) -> list[ProgramSpec]:
     return scale_arrivals(specs, args.load) if args.load != 1.0 else specs
 
 
-def slo_table(path: str | None) -> SloTable | None:
-    """Table 6 with the template's tasks replaced; every error names the offending field."""
-    if path is None:
-        return None
-    try:
-        raw = json.loads(Path(path).read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--slo-template {path}: not JSON ({exc})") from exc
-    if not isinstance(raw, dict):
-        raise ValueError(f'--slo-template {path}: want {{"task": {{"ttft_s": x, "tpot_s": y}}}}')
-    base = dict(TABLE_6)
-    for task, slo in raw.items():
-        base[_task(path, task)] = Slo(_seconds(path, slo, task, "ttft_s"),
-                                      _seconds(path, slo, task, "tpot_s"))
-    return SloTable(base=base)
+def variants(base: Config, policies: str | None, orderings: str | None) -> list[Config]:
+    """The configurations to run: every --policy with every --ordering."""
+    kv = [p.strip() for p in policies.split(",")] if policies else [base.kv_policy]
+    slo = [o.strip() for o in orderings.split(",")] if orderings else [None]
+    out = []
+    for policy in kv:
+        if policy not in KV_POLICIES:
+            raise ValueError(f"--policy: unknown {policy!r}; known: {', '.join(KV_POLICIES)}")
+        for ordering in slo:
+            changes: dict[str, Any] = {"kv_policy": policy}
+            if ordering == "full":
+                changes.update(FULL)
+            elif ordering is not None:
+                if ordering not in ORDERINGS:
+                    raise ValueError(f"--ordering: unknown {ordering!r}; known: "
+                                     f"{', '.join(ORDERINGS)}")
+                changes["meta_policy"] = ordering
+            cfg = dataclasses.replace(base, **changes)
+            config_mod.validate(cfg)
+            out.append(cfg)
+    return out
 
 
-def _task(path: str, name: str) -> TaskType:
-    try:
-        return TaskType(name)
-    except ValueError:
-        known = ", ".join(t.value for t in TaskType)
-        raise ValueError(f"--slo-template {path}: unknown task {name!r}; known: {known}") from None
-
-
-def _seconds(path: str, slo: object, task: str, key: str) -> float:
-    value = slo.get(key) if isinstance(slo, dict) else None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ValueError(f"--slo-template {path}: {task}.{key} must be a positive number")
-    return float(value)
-
-
-def slo_stacks(names: str | None) -> list[SloStack | None]:
-    if not names:
-        return [None]
-    try:
-        return [slo_stack(n.strip()) for n in names.split(",")]
-    except KeyError as exc:
-        raise ValueError(f"--ordering: {exc.args[0]}") from None
+def hardware(args: argparse.Namespace, cfg: Config) -> Hardware:
+    return Hardware(
+        workers=args.workers if args.workers is not None else max(1, cfg.workers),
+        kv_tokens=args.kv_tokens or cfg.sim_kv_tokens,
+        cost_model=args.cost_model or cfg.sim_cost_model or Hardware.cost_model,
+        time_scale=args.time_scale if args.time_scale is not None else cfg.sim_time_scale,
+        max_num_seqs=args.max_batch, max_batched_tokens=args.max_batched_tokens)
 
 
 def run_replay(args: argparse.Namespace) -> int:
     if args.load <= 0:
         raise ValueError(f"--load must be positive, got {args.load:g}")
+    base = config_mod.load(config_file=args.config)
+    configs = variants(base, args.policy, args.ordering)
     specs = load_specs(args)
-    config = ReplayConfig(
-        workers=args.workers, kv_tokens=args.kv_tokens, cost_model=args.cost_model,
-        concurrency=args.concurrency, duration_s=args.duration_s, time_scale=args.time_scale,
-        residency=args.kv_residency, progress_every_s=0.0 if args.quiet else 5.0,
-    )
-    stacks = slo_stacks(args.ordering)
-    if args.slo_template and not args.ordering:
-        raise ValueError("--slo-template needs --ordering (SLOs are assigned by the SLO layer)")
-    table = slo_table(args.slo_template)
-    results = [
-        Replay(specs, config, make_kv_policy(policy), stack, slos=table).run()
-        for policy in args.policy.split(",") for stack in stacks
-    ]
-    out = {"params": _params(args, config, len(specs)), "results": results}
+    hw = hardware(args, base)
+    workload = Workload(args.concurrency, args.duration_s, 0.0 if args.quiet else 5.0)
+    if args.store and len(configs) > 1:
+        raise ValueError("--store keeps one run: give one --policy and one --ordering")
+    store = Path(args.store) if args.store else None
+    results = [replay(specs, cfg, hw, workload, _label(cfg, args), store) for cfg in configs]
+    out = {"params": _params(args, hw, len(specs)), "results": results}
     text = json.dumps(out, indent=2)
     if args.json_out:
         Path(args.json_out).write_text(text + "\n")
@@ -141,9 +144,13 @@ def run_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _params(args: argparse.Namespace, config: ReplayConfig, n: int) -> dict[str, Any]:
+def _label(cfg: Config, args: argparse.Namespace) -> str:
+    return f"{cfg.kv_policy}/{cfg.meta_policy}" if args.ordering else cfg.kv_policy
+
+
+def _params(args: argparse.Namespace, hw: Hardware, n: int) -> dict[str, Any]:
     params = {k: v for k, v in vars(args).items() if k != "func"}
-    params.update(programs=n, simulated=True, kv_check_interval_s=config.kv.check_interval_s)
+    params.update(programs=n, simulated=True, hardware=dataclasses.asdict(hw))
     return params
 
 
@@ -156,9 +163,8 @@ def replay_main(argv: Sequence[str] | None = None) -> int:
 def _run_reporting_errors(args: argparse.Namespace) -> int:
     try:
         return run_replay(args)
-    except (TraceError, KeyError, ValueError, OSError) as exc:
+    except (TraceError, ConfigError, KeyError, ValueError, OSError) as exc:
         # A KeyError's str() is its repr; the message is its first argument.
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"agentd replay: {msg}", file=sys.stderr)
         return 2
-

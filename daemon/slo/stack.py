@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -136,7 +135,7 @@ class SloControl:
         self._ordering = Active(name, 1, ORDERING_BUILTINS[name]())
         weigh = weigh_tenants(settings.tenant_weights)
         weigh(self._ordering)
-        self.ordered = OrderedQueue(self._ordering, tune=weigh)
+        self.ordered = OrderedQueue(self._ordering, clock=core.clock, tune=weigh)
         self.ordered.on_switched = self._ordering_changed
         self.waiting = WaitingQueue(self.ordered)
         name = startup_policy(config, "admission")
@@ -295,7 +294,7 @@ class SloControl:
             while True:
                 await asyncio.sleep(self.settings.cycle_s)
                 try:
-                    self.tick(time.time())
+                    self.tick(self.core.clock())
                 except Exception:  # the loop must outlive a bad cycle; the next one retries
                     log.exception("SLO scheduling cycle failed")
         finally:
@@ -347,7 +346,7 @@ class SloControl:
 
     def _view_built(self) -> None:
         """A long view landed: make the choice it was built for now, not a cycle later."""
-        now = time.time()
+        now = self.core.clock()
         if self._choosing(now):  # not the controls: Statera steps once per cycle
             self._meta_tick(now)
             self.core.pump()

@@ -144,8 +144,9 @@ class Tagging:
         task = self.program_task.get(program.id)
         if task is None:
             task = self.program_task[program.id] = self._tag(text[:TAG_CHARS])
-        prompt_tokens = max(program.context_tokens,
-                            chars // CHARS_PER_TOKEN + TOKENS_PER_MESSAGE * messages)
+        counted = (len(req.prompt_token_ids) if req.prompt_token_ids is not None
+                   else chars // CHARS_PER_TOKEN + TOKENS_PER_MESSAGE * messages)
+        prompt_tokens = max(program.context_tokens, counted)
         tenant = self.tenants.get(program.id, DEFAULT_TENANT)
         spec = RequestSpec(req.id, tenant, req.queued_at, "", prompt_tokens,
                            importance(req.priority), req.priority, task)

@@ -16,6 +16,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Protocol
 
 import zmq
 import zmq.asyncio
@@ -40,6 +41,24 @@ REGISTER_AGAIN = "unknown worker: register again"
 READ_AT_ONCE = 256  # frames read without yielding to the event loop
 PEER_PING_S = 2.0
 PEER_TIMEOUT_S = 10.0  # answered by the peer's ZeroMQ I/O thread, not its event loop
+
+
+class WorkerLink(Protocol):
+    """How the core reaches its workers: the Broker over ZeroMQ, or the replay's sim
+    workers in process (daemon/replay/workers.py). Messages back go to the handler the
+    link was made with (`Core.on_worker_message`)."""
+
+    endpoint: str
+
+    def use_worker_key(self, key: str, *, encrypt_ipc: bool = False) -> None: ...
+
+    def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def send(self, identity: bytes, message: protocol.DaemonMessage) -> None: ...
+
+    def send_frame(self, identity: bytes, frame: bytes, what: str) -> None: ...
 
 
 class Broker:

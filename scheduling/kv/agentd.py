@@ -176,6 +176,9 @@ class AgentdPolicy(ThunderAgentPolicy):
     def __init__(self, options: AgentdOptions | None = None) -> None:
         self.options = options or AgentdOptions()
         self.share_prefix = self.options.share_prefix
+        # The last queue placement routing computed, with the view and time it is for:
+        # one dispatch step routes every parked request against the same view.
+        self._placed: tuple[float, KvView, dict[str, str]] | None = None
 
     def decide(self, view: KvView, now: float) -> list[Decision]:
         plan = self._plan(view, now)
@@ -195,13 +198,22 @@ class AgentdPolicy(ThunderAgentPolicy):
             return view.home_worker(program)
         if program.status in RESIDENT or not program.waiting:
             return view.home_worker(program) if program.status in RESIDENT else None
-        # Placing only, as ThunderAgent's route: nothing may rely on pauses not yet applied.
+        return self._queue_placements(view, now).get(program_id)
+
+    def _queue_placements(self, view: KvView, now: float) -> dict[str, str]:
+        """Where the waiting programs go now. Placing only, as ThunderAgent's route: nothing
+        may rely on pauses not yet applied. The queue is placed in order, so a program's
+        place does not depend on those after it: one placement answers every program."""
+        placed = self._placed
+        if placed is not None and placed[0] == now and placed[1] == view:
+            return placed[2]
         plan = self._plan(view, now)
         if self.options.fair_resume:
             serve_overdue(plan, now, self.choose_worker, False, self.options.overdue_first)
-        if program_id not in plan.handled:
-            self._place_queue(plan, now, release=False, until=program_id)
-        return placements(plan.decisions).get(program_id)
+        self._place_queue(plan, now, release=False)
+        result = placements(plan.decisions)
+        self._placed = (now, view, result)
+        return result
 
     def weight(self, program: ProgramView, view: KvView, now: float) -> float:
         return self._weight(program, view, now, fleet_tool_mean(view))
@@ -250,11 +262,9 @@ class AgentdPolicy(ThunderAgentPolicy):
             return super().choose_worker(plan, program)
         return min(fitting, key=lambda w: _restore_score(plan, w, program), default=None)
 
-    def _place_queue(self, plan: Plan, now: float, release: bool,
-                     until: str | None = None) -> None:
+    def _place_queue(self, plan: Plan, now: float, release: bool) -> None:
         """The global queue in `restore_key` order; a waiting program that fits
-        nowhere may, with `release`, take the room of programs past their hold.
-        Stops after program `until`."""
+        nowhere may, with `release`, take the room of programs past their hold."""
         prior = fleet_tool_mean(plan.view)
         queue = [p for p in plan.view.programs if p.status in WAITING]
         for program in sorted(queue, key=self.restore_key):
@@ -267,8 +277,6 @@ class AgentdPolicy(ThunderAgentPolicy):
                 if worker_id is not None:
                     queued = program.status is ProgramStatus.QUEUED
                     plan.place(program, worker_id, "admit" if queued else "restore")
-            if program.program_id == until:
-                return
 
     def thrash_watermark(self, view: KvView) -> float:
         return view.config.high_watermark + self.options.thrash_slack

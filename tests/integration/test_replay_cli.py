@@ -18,6 +18,7 @@ def test_replay_cli_writes_json(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "daemon.replay", "--synthetic-agents", "6", "--concurrency", "3",
          "--policy", "vllm-default,agentd", "--ordering", "fcfs", "--kv-tokens", "200000",
+         "--cost-model", "llama3-8b-h100",
          "--json", str(out)],
         capture_output=True, text=True, timeout=60,
     )

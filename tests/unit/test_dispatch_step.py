@@ -66,7 +66,7 @@ class Layers:
         ok = self.slots[worker] > 0
         return AdmissionDecision(request_id, worker, ok, "room" if ok else "full", 1, 0, 1.0)
 
-    def route(self, request_id: str) -> str | None:
+    def route(self, request_id: str, now: float) -> str | None:
         return self.routes.get(request_id)
 
     def has_room(self, worker: str) -> bool:

@@ -6,7 +6,6 @@ import random
 
 import pytest
 
-from daemon.replay.slo_stacks import FULL_INITIAL, slo_stack
 from scheduling.slo.ordering import EsgDensity, EsgFastGate, RequestQueue, default_registry, switch
 from scheduling.slo.prediction import QueuedRequest
 from scheduling.slo.templates import Slo, TaskType
@@ -94,10 +93,3 @@ def test_switching_in_and_out_keeps_the_multiset() -> None:
     rest = [queue.pop(2.0).request_id for _ in range(len(queue))]
     assert sorted(taken + rest) == sorted(r.request_id for r in reqs)
     assert len(set(taken + rest)) == len(reqs)
-
-
-def test_full_stack_starts_in_it_and_the_ablation_does_not() -> None:
-    assert FULL_INITIAL == "esg_fast" and slo_stack("full").initial == "esg_fast"
-    ablation = slo_stack("full-lanes-first")
-    assert ablation.initial == "two_lane_esg" and ablation.lanes == slo_stack("full").lanes
-    assert "esg_fast" in slo_stack("full").pool
