@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 from daemon.workers.protocol import (
     ChatMessage,
@@ -21,6 +23,12 @@ from daemon.workers.protocol import (
     ToolSupport,
     WorkerStats,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+    from daemon.config import Config
+    from db.writer import BatchWriter
 
 
 class ProgramStatus(enum.StrEnum):
@@ -144,3 +152,25 @@ class RequestState:
     @property
     def text_so_far(self) -> str:
         return "".join(self.generated)
+
+
+class Host(Protocol):
+    """What the core offers the layers it drives (the KV loop, the SLO stack): its state,
+    its clock, the store, and the effects they may ask of it. They take this, not Core."""
+
+    config: Config
+    programs: dict[str, ProgramState]
+    requests: dict[str, RequestState]
+    workers: dict[str, WorkerState]
+    writer: BatchWriter
+    sessions: async_sessionmaker[AsyncSession]
+    clock: Callable[[], float]
+
+    def pump(self) -> None:
+        """Dispatch what may run now."""
+
+    def requeue(self, request_id: str, reason: str) -> None:
+        """Take a running request back from its worker into the global queue."""
+
+    def set_program_status(self, program: ProgramState, status: ProgramStatus,
+                           reason: str) -> None: ...

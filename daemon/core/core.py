@@ -27,6 +27,7 @@ from daemon.errors import CoreError
 from daemon.kv.loop import KvControl
 from daemon.metrics import Histogram, add_collector
 from daemon.slo.exposition import slo_families
+from daemon.slo.llm import LlmCaller
 from daemon.slo.settings import parse_settings
 from daemon.slo.stack import SloControl
 from daemon.state import (
@@ -98,7 +99,9 @@ class Core:
         self.control: Any = None
         self.kv = KvControl(self, config.kv_policy,
                            KvConfig(force_resume_s=config.kv_force_resume_s), config.kv_options)
-        self.slo = SloControl(self, parse_settings(config.slo))
+        settings = parse_settings(config.slo)
+        self.slo = SloControl(self, settings,
+                              LlmCaller(self, settings.llm, config.meta_interval_s))
         # The one global waiting queue: ordered by the active ordering policy, plus the
         # requests whose program the KV policy holds (see pump).
         self.queue = self.slo.waiting

@@ -16,9 +16,9 @@ each request reports (scheduling/kv/residency.py): the engine does not say.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from daemon.state import ProgramState, ProgramStatus, RequestState
+from daemon.state import Host, ProgramState, ProgramStatus, RequestState
 from scheduling.kv import (
     Admit,
     Decision,
@@ -38,9 +38,6 @@ from scheduling.kv import ProgramStatus as KvStatus
 from scheduling.kv.residency import ResidencyEstimator, held_tokens
 from scheduling.kv.tool_clock import ToolClock, ToolClocks
 
-if TYPE_CHECKING:
-    from daemon.core.core import Core
-
 _TO_KV = {
     ProgramStatus.QUEUED: KvStatus.QUEUED, ProgramStatus.REASONING: KvStatus.REASONING,
     ProgramStatus.ACTING: KvStatus.ACTING, ProgramStatus.PAUSED: KvStatus.PAUSED,
@@ -48,7 +45,7 @@ _TO_KV = {
 
 
 class KvControl:
-    def __init__(self, core: Core, policy_name: str, config: KvConfig | None = None,
+    def __init__(self, core: Host, policy_name: str, config: KvConfig | None = None,
                  options: Mapping[str, Any] | None = None) -> None:
         self.core = core
         self.policy: KvPolicy = make_kv_policy(policy_name, options)

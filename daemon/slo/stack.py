@@ -31,10 +31,10 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from daemon.access.names import INTERNAL_TENANT
-from daemon.core.tenants import SessionTenants
+from daemon.access.session_tenants import SessionTenants
 from daemon.policies.slo_layers import ORDERING_BUILTINS, AdmissionSnapshot, startup_policy
 from daemon.policies.swap import Active, Failure, Guard
 from daemon.slo.llm import LlmCaller
@@ -42,7 +42,7 @@ from daemon.slo.long_view import SteppedLongView
 from daemon.slo.queue import OrderedQueue, WaitingQueue, weigh_tenants
 from daemon.slo.settings import SloSettings
 from daemon.slo.tagging import Tagging
-from daemon.state import RequestState, RequestStatus, WorkerState
+from daemon.state import Host, RequestState, RequestStatus, WorkerState
 from scheduling.layers import (
     ADMISSION_POLICIES,
     META_POLICIES,
@@ -62,9 +62,6 @@ from scheduling.slo.metrics import CompletionRecord
 from scheduling.slo.prediction import QueuedRequest
 from scheduling.slo.templates import SloTable
 from scheduling.slo.views import LongView, ViewBuilder
-
-if TYPE_CHECKING:
-    from daemon.core.core import Core
 
 log = logging.getLogger("agentd.slo")
 
@@ -112,14 +109,15 @@ class _Selector:
 
 
 class SloControl:
-    def __init__(self, core: Core, settings: SloSettings) -> None:
+    def __init__(self, core: Host, settings: SloSettings, llm: LlmCaller) -> None:
+        """`llm`: the meta-llm policy's caller, which submits to the core as a client."""
         self.core = core
         self.settings = settings
         config = core.config
         self.tagging = Tagging(config.max_tokens_limit,
                                SloTable(tenant_overrides=settings.tenant_slos))
         self.tenants = SessionTenants(core.sessions, core.writer)
-        self.llm = LlmCaller(core, settings.llm, config.meta_interval_s)
+        self.llm = llm
         self.views = ViewBuilder(settings.short_window_s, settings.long_window_s)
         self.long = SteppedLongView(self.views, config.meta_interval_s, self._view_built)
         self.fence = AdmissionFence(settings.delta_frag)

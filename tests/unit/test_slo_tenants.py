@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from daemon.access import auth
 from daemon.access.names import DEFAULT_TENANT, tenant_problem
 from daemon.commands.cli import main
-from daemon.core.tenants import SessionTenants
+from daemon.access.session_tenants import SessionTenants
 from daemon.policies.swap import Active
 from daemon.slo.queue import OrderedQueue, weigh_tenants
 from daemon.slo.settings import parse_settings
