@@ -5,8 +5,8 @@ A call to an agent type with no live instance and no room left in the run's capa
 type could fit the capacity at all; one that never could is refused at once. The room
 is a local controller that never runs its calls, so a waiting call gets its
 dependencies' values and its consumers' registrations like a placed call, and leaves
-by the migration protocol (control_local.py) once its type has an instance: the host
-(control_cluster.py) places the calls when room may have freed (a kill gives a
+by the migration protocol (local.py) once its type has an instance: the host
+(parking.py) places the calls when room may have freed (a kill gives a
 reservation back; a provision or an activation adds an instance).
 
 Room goes first come first served among the calls ready to run: while a ready call
