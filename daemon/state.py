@@ -154,6 +154,25 @@ class RequestState:
         return "".join(self.generated)
 
 
+# The daemon does not tokenize: a text prompt's size is estimated from its characters,
+# plus the chat template's markers per message.
+CHARS_PER_TOKEN = 4
+TOKENS_PER_MESSAGE = 4
+
+
+def prompt_estimate(req: RequestState) -> int:
+    """The request's prompt in tokens: the engine's count once known, the ids given, else
+    an estimate from the text (what the SLO tags and the KV view size a request by)."""
+    if req.prompt_tokens:
+        return req.prompt_tokens
+    if req.prompt_token_ids is not None:
+        return len(req.prompt_token_ids)
+    if req.messages is None:
+        return len(req.prompt or "") // CHARS_PER_TOKEN
+    chars = sum(len(m.content) for m in req.messages)
+    return chars // CHARS_PER_TOKEN + TOKENS_PER_MESSAGE * len(req.messages)
+
+
 class Host(Protocol):
     """What the core offers the layers it drives (the KV loop, the SLO stack): its state,
     its clock, the store, and the effects they may ask of it. They take this, not Core."""

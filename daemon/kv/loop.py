@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from daemon.state import Host, ProgramState, ProgramStatus, RequestState
+from daemon.state import Host, ProgramState, ProgramStatus, RequestState, prompt_estimate
 from scheduling.kv import (
     Admit,
     Decision,
@@ -65,7 +65,8 @@ class KvControl:
             for w in self.core.workers.values()
         )
         used = {w.worker_id: w.used_tokens for w in workers}
-        return KvView(workers, self._views.build(self.core.programs.values(), used), self.config)
+        programs = self._views.build(self.core.programs.values(), used, self.core.requests)
+        return KvView(workers, programs, self.config)
 
     def _note_restarts(self) -> None:
         # A worker registering again under its id comes back with an empty cache.
@@ -197,9 +198,10 @@ class ProgramViews:
         self._tools = tools or ToolClocks()
         self._residency = residency or ResidencyEstimator()
 
-    def build(self, programs: Iterable[ProgramState],
-              used: Mapping[str, int] | None = None) -> tuple[ProgramView, ...]:
-        """`used`: each worker's used KV tokens now, for the residency estimate."""
+    def build(self, programs: Iterable[ProgramState], used: Mapping[str, int] | None = None,
+              requests: Mapping[str, RequestState] | None = None) -> tuple[ProgramView, ...]:
+        """`used`: each worker's used KV tokens now, for the residency estimate; `requests`:
+        the program's ready or running request, whose tokens its KV must hold."""
         out = []
         cache = self._cache
         for p in programs:
@@ -208,13 +210,14 @@ class ProgramViews:
             clock = self._tools.get(p.id)
             resident = (self._residency.resident(p.id, p.worker_id, used.get(p.worker_id))
                         if used and p.worker_id and p.status == ProgramStatus.PAUSED else None)
-            key = (p.status, p.context_tokens, p.worker_id, p.acting_since, p.ready_since,
+            context = _context(p, requests)
+            key = (p.status, context, p.worker_id, p.acting_since, p.ready_since,
                    p.ready_request is not None, p.pinned, p.pause_marked, p.tool_time_sum,
                    p.tool_time_count, p.migrate_to, p.created_at,
                    clock.key() if clock else None, resident)
             hit = cache.get(p.id)
             if hit is None or hit[0] != key:
-                hit = cache[p.id] = (key, _program_view(p, clock, resident))
+                hit = cache[p.id] = (key, _program_view(p, clock, resident, context))
             out.append(hit[1])
         return tuple(out)
 
@@ -224,12 +227,23 @@ class ProgramViews:
         self._residency.forget_except(programs)
 
 
+def _context(p: ProgramState, requests: Mapping[str, RequestState] | None) -> int:
+    """The program's context as its KV holds it: the last request's, or the one ready or
+    running now (prompt and output so far) when that is larger."""
+    rid = p.ready_request or p.active_request
+    req = requests.get(rid) if requests and rid else None
+    if req is None:
+        return p.context_tokens
+    return max(p.context_tokens, prompt_estimate(req) + req.output_tokens)
+
+
 def _program_view(p: ProgramState, clock: ToolClock | None = None,
-                  kv_resident: bool | None = None) -> ProgramView:
+                  kv_resident: bool | None = None, context: int | None = None) -> ProgramView:
     acting_since, ended_at = _acting(p, clock)
     measured = clock.mean_s if clock else None
     return ProgramView(
-        program_id=p.id, status=_TO_KV[p.status], context_tokens=p.context_tokens,
+        program_id=p.id, status=_TO_KV[p.status],
+        context_tokens=p.context_tokens if context is None else context,
         created_at=p.created_at, worker_id=p.worker_id, acting_since=acting_since,
         ready_since=p.ready_since, pending_request=p.ready_request is not None,
         pinned=p.pinned, pause_marked=p.pause_marked,

@@ -24,6 +24,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from daemon.access.names import DEFAULT_TENANT
+from daemon.state import prompt_estimate
 from scheduling.slo.admission import ConformalCalibrator
 from scheduling.slo.metrics import CompletionRecord
 from scheduling.slo.prediction import (
@@ -41,8 +42,6 @@ if TYPE_CHECKING:
     from daemon.state import ProgramState, RequestState
 
 TAG_CHARS = 2000  # the rules look at the start of the last user message
-CHARS_PER_TOKEN = 4
-TOKENS_PER_MESSAGE = 4  # chat template markers
 REFRESH = 16  # observations of a cell before its median or quantile is recomputed
 TAG_CACHE = 4096
 
@@ -140,13 +139,11 @@ class Tagging:
         self._tag = functools.lru_cache(maxsize=TAG_CACHE)(self.tagger.tag)
 
     def tag(self, req: RequestState, program: ProgramState) -> QueuedRequest:
-        text, chars, messages = _prompt_text(req)
+        text = _rule_text(req)
         task = self.program_task.get(program.id)
         if task is None:
             task = self.program_task[program.id] = self._tag(text[:TAG_CHARS])
-        counted = (len(req.prompt_token_ids) if req.prompt_token_ids is not None
-                   else chars // CHARS_PER_TOKEN + TOKENS_PER_MESSAGE * messages)
-        prompt_tokens = max(program.context_tokens, counted)
+        prompt_tokens = max(program.context_tokens, prompt_estimate(req))
         tenant = self.tenants.get(program.id, DEFAULT_TENANT)
         spec = RequestSpec(req.id, tenant, req.queued_at, "", prompt_tokens,
                            importance(req.priority), req.priority, task)
@@ -178,11 +175,8 @@ class Tagging:
         )
 
 
-def _prompt_text(req: RequestState) -> tuple[str, int, int]:
-    """(text the rules read, characters in the whole prompt, message count)."""
+def _rule_text(req: RequestState) -> str:
+    """The text the tagging rules read: the prompt, or the last user message."""
     if req.messages is None:
-        prompt = req.prompt or ""
-        return prompt, len(prompt), 0
-    chars = sum(len(m.content) for m in req.messages)
-    last = next((m.content for m in reversed(req.messages) if m.role == "user"), "")
-    return last, chars, len(req.messages)
+        return req.prompt or ""
+    return next((m.content for m in reversed(req.messages) if m.role == "user"), "")

@@ -15,8 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from daemon.access import auth
 from daemon.access.names import DEFAULT_TENANT, tenant_problem
-from daemon.commands.cli import main
 from daemon.access.session_tenants import SessionTenants
+from daemon.commands.cli import main
 from daemon.policies.swap import Active
 from daemon.slo.queue import OrderedQueue, weigh_tenants
 from daemon.slo.settings import parse_settings
