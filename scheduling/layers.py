@@ -1,17 +1,24 @@
-"""The policy interfaces of the meta and admission layers, and their built-ins.
+"""The five scheduling layers' policy interfaces, in one place, and the meta and admission
+layers' built-ins.
 
 Operator policies subclass these (policy code may import only ``scheduling.*``, so the
-interfaces live here rather than in the daemon). The ordering layer's interface is
-``scheduling.slo.ordering.OrderingPolicy``; the kv layer's is ``scheduling.kv.KvPolicy``.
+interfaces live here rather than in the daemon). Each is defined next to the code it
+plugs into and re-exported here:
 
-- ``MetaPolicy`` (slow loop, defined in scheduling.slo.meta so that scheduling.slo.meta_llm's
-  ``LlmMeta`` can build on it and still be listed here): ``choose`` the ordering policy
-  from the long view. The daemon wraps it in ``scheduling.slo.meta.MetaLoop``, which adds
-  the rollback guard and the emergency bypass unless the policy sets ``guards = False``.
-- ``AdmissionPolicy`` (medium loop and per dispatch): ``controls`` once per scheduling
-  cycle per worker, ``admit`` for the head of the queue before each dispatch. The fence
-  (the ledger of KV reserved by running requests) belongs to the caller and outlives a
-  policy swap; a policy reads it and must not change it.
+- ``KvPolicy`` (medium loop, scheduling/kv/policy.py): ``decide`` pauses and restores,
+  ``route`` places a ready request's program, ``on_request_end``.
+- ``OrderingPolicy`` (fast step, scheduling/slo/ordering.py): the order of the global
+  queue (``push``, ``peek``, ``pop``, ``rebuild``).
+- ``MetaPolicy`` (slow loop, scheduling/slo/meta.py, so that scheduling.slo.meta_llm's
+  ``LlmMeta`` can build on it): ``choose`` the ordering policy from the long view. The
+  daemon wraps it in ``scheduling.slo.meta.MetaLoop``, which adds the rollback guard and
+  the emergency bypass unless the policy sets ``guards = False``.
+- ``AdmissionPolicy`` (medium loop and per dispatch, below): ``controls`` once per
+  scheduling cycle per worker, ``admit`` for the head of the queue before each dispatch.
+  The fence (the ledger of KV reserved by running requests) belongs to the caller and
+  outlives a policy swap; a policy reads it and must not change it.
+- ``ControlPolicy`` (NALAR's global controller, scheduling/agents/policy.py): route,
+  set_priority, migrate, kill, provision agent instances.
 """
 
 from __future__ import annotations
@@ -20,6 +27,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar
 
+# Re-exported: every layer's interface is importable from here.
+from scheduling.agents.policy import ControlPolicy as ControlPolicy
+from scheduling.kv.policy import KvPolicy as KvPolicy
 from scheduling.slo.admission import (
     AdmissionDecision,
     AdmissionFence,
@@ -32,6 +42,7 @@ from scheduling.slo.admission import (
 )
 from scheduling.slo.meta import ContextualBandit, Decision, MetaPolicy, RuleMap, RuleThresholds
 from scheduling.slo.meta_llm import LlmMeta
+from scheduling.slo.ordering import OrderingPolicy as OrderingPolicy
 from scheduling.slo.prediction import QueuedRequest
 from scheduling.slo.views import LongView
 
