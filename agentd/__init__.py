@@ -22,7 +22,7 @@ Calls run on a thread pool: in this process (local mode) or inside a daemon sand
 (daemon mode, `agentctl submit`); see agentd/runtime.py for the differences.
 """
 
-from agentd.context import Candidate, Context, ContextDropped, Generation
+from agentd.context import Candidate, Context, ContextDropped, Generation, SnapshotNotFound
 from agentd.future import (
     ALL,
     FIRST,
@@ -38,7 +38,7 @@ from agentd.stubs import agent, as_stub, tool
 
 __all__ = [
     "ALL", "FIRST", "Candidate", "Context", "ContextDropped", "DependencyError", "Future",
-    "Generation", "LLMError", "LLMUnavailable", "ManagedDict",
-    "ManagedList", "agent", "as_future", "as_stub", "current", "llm", "local_runtime",
+    "Generation", "LLMError", "LLMUnavailable", "ManagedDict", "ManagedList",
+    "SnapshotNotFound", "agent", "as_future", "as_stub", "current", "llm", "local_runtime",
     "resolve", "tool", "wait",
 ]

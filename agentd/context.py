@@ -41,6 +41,10 @@ class ContextDropped(RuntimeError):
     """The context was dropped; it holds nothing any more."""
 
 
+class SnapshotNotFound(LLMError):
+    """The tenant holds no snapshot of that name."""
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One possible token: its id, text and log probability."""
@@ -250,6 +254,8 @@ class Context:
                               timeout=LLM_TIMEOUT_S)
         except httpx.HTTPError as exc:
             raise LLMError(f"agentd.Context: cannot reach {url}: {exc}") from exc
+        if r.status_code == 404 and path.startswith("/contexts/snapshots/"):
+            raise SnapshotNotFound(f"agentd.Context: no snapshot {path.rsplit('/', 1)[1]!r}")
         if r.status_code >= 400:
             try:
                 message = r.json()["error"]["message"]

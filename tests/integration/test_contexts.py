@@ -10,7 +10,6 @@ import httpx
 import pytest
 
 import agentd
-from agentd.runtime import LLMError
 from daemon.engines.sim import tokenizer
 from tests.daemon_process import DaemonProcess
 
@@ -101,7 +100,7 @@ def test_snapshot_is_opened_by_another_context_and_is_per_tenant(
     r = daemon.get("/v1/contexts/snapshots/docs", token=other)
     assert r.status_code == 404 and r.json()["error"]["param"] == "name"
     agentd.Context.delete_snapshot("docs")
-    with pytest.raises(LLMError, match="404"):
+    with pytest.raises(agentd.SnapshotNotFound, match="docs"):
         agentd.Context.open("docs")
 
 
