@@ -27,8 +27,9 @@ children in turn, or each in an agent call of its own (its own program).
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,6 +210,24 @@ class Context:
     @classmethod
     def delete_snapshot(cls, name: str) -> None:
         cls()._request("DELETE", f"/contexts/snapshots/{name}", None)
+
+    @contextlib.contextmanager
+    def idle(self) -> Iterator[None]:
+        """Around a tool wait: the daemon sees a tool span of the context's program (it is
+        ACTING from the start, and the KV layer weighs and may pause it as for a tool
+        agentd runs). Needs a program: a run's, or `program_id` given in local mode."""
+        self._live()
+        if self._endpoint.program_id is None:
+            raise ValueError("Context.idle needs a program: run in a workflow, or give "
+                             "Context(program_id=...)")
+        body: dict[str, Any] = {"program_id": self._endpoint.program_id}
+        if self._endpoint.session_id is not None:
+            body["session_id"] = self._endpoint.session_id
+        self._request("POST", "/contexts/idle", {**body, "state": "start"})
+        try:
+            yield
+        finally:
+            self._request("POST", "/contexts/idle", {**body, "state": "end"})
 
     def drop(self) -> None:
         """Forget the context: later use raises ContextDropped. Its KV blocks stay in the

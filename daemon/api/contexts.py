@@ -7,6 +7,7 @@ next generate sends exactly the tokens the engine saw and produced. Reuse betwee
 forks and programs is the engine's prefix cache.
 
 - `POST /v1/contexts/generate`: one generate (or, with `fill_only`, one prefill).
+- `POST /v1/contexts/idle`: the program waits on a tool (`with ctx.idle():`).
 - `PUT|GET|DELETE /v1/contexts/snapshots/{name}`: a named prefix of the caller's tenant
   (daemon/api/snapshots.py); another tenant's name is unknown (404).
 
@@ -81,6 +82,13 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tenant: str | None = None
 
 
+class IdleRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    program_id: str
+    state: str  # "start" | "end"
+    session_id: str | None = None
+    tenant: str | None = None
+
+
 class ContextsController(Controller):
     path = "/v1/contexts"
     tags = ["contexts"]
@@ -104,6 +112,27 @@ class ContextsController(Controller):
                           prompt_token_ids=list(body.token_ids), segments=segments,
                           priority=body.priority)
         return await _respond(core, request, req, body, program)
+
+    @post("/idle", status_code=200, opt={"scope": SUBMIT},
+          summary="A program's tool wait starts or ends (Context.idle)")
+    async def idle(self, request: Request[Any, Any, Any], core: Core) -> dict[str, Any]:
+        """The KV layer sees the wait as a tool span, as for a tool agentd runs: the
+        program is ACTING from its start, so the KV policy may pause it meanwhile."""
+        body = decode_request(await request.body(), IdleRequest)
+        if body.state not in ("start", "end"):
+            raise ApiError(400, "state must be 'start' or 'end'", param="state")
+        tenant = await request_tenant(request, core, body.tenant)
+        ids = _Common(model="", program_id=body.program_id, session_id=body.session_id)
+        program = await _program(core, request, ids, tenant)
+        now = core.clock()
+        if body.state == "start":
+            core.kv.tool_started(program.id, now)
+            span = None
+        else:
+            span = core.kv.tool_ended(program.id, now)
+        core.writer.trace(f"context.idle.{body.state}", session_id=program.session_id,
+                          program_id=program.id, at=now, span_s=span)
+        return {"program_id": program.id, "state": body.state, "span_s": span}
 
     @put("/snapshots/{name:str}", status_code=200, opt={"scope": SUBMIT},
          summary="Keep a context's token ids under a name, for the caller's tenant")

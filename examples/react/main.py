@@ -8,7 +8,8 @@ context is token ids, so everything before is served from the engine's prefix ca
 (`cached_tokens` per step, in the result).
 
 Tools are local functions (a fact table and a calculator), called as agentd tools so
-they show in the run's trace as futures.
+they show in the run's trace as futures; each call runs inside `ctx.idle()`, so the KV
+layer sees the wait as a tool span of the program (run locally, pass a `program_id`).
 
 On a daemon with the simulated engine (its JSON is valid against the schema, its words
 filler) or the real SmolLM2 worker (see examples/router for starting either):
@@ -88,8 +89,8 @@ def run_tool(action: str, argument: str) -> str:
     return str(agentd.resolve(result))
 
 
-def main(question: str, tool_calls: int = 8) -> dict[str, Any]:
-    ctx = agentd.Context().system(SYSTEM).user(question)
+def main(question: str, tool_calls: int = 8, program_id: str | None = None) -> dict[str, Any]:
+    ctx = agentd.Context(program_id=program_id).system(SYSTEM).user(question)
     steps: list[dict[str, Any]] = []
     for _ in range(tool_calls):
         # Short strings of plain characters: the whole object fits max_tokens.
@@ -99,7 +100,8 @@ def main(question: str, tool_calls: int = 8) -> dict[str, Any]:
             act = {"action": "none", "input": ""}
             observation = "Your action was cut short; reply with one short JSON object."
         else:
-            observation = run_tool(act["action"], act["input"])
+            with ctx.idle():  # the tool's wait: the KV layer may pause this program
+                observation = run_tool(act["action"], act["input"])
         ctx.user(f"Observation: {observation}")
         steps.append({"action": act["action"], "input": act["input"],
                       "observation": observation, "prompt_tokens": out.prompt_tokens,

@@ -43,6 +43,9 @@ def test_react_makes_eight_tool_calls_on_a_cached_context(daemon: DaemonProcess)
         # Each step's prompt holds the one before: all its whole blocks come from the cache.
         assert step["cached_tokens"] >= before["prompt_tokens"] // BLOCK * BLOCK
     assert result["answer"] and result["context_tokens"] > steps[-1]["prompt_tokens"]
+    # Each tool call ran inside ctx.idle(): a tool span of the run's program in the trace.
+    trace = daemon.get("/v1/sessions/s-ctx/trace", params={"limit": 1000}).json()["data"]
+    assert [e["kind"] for e in trace].count("context.idle.end") == 8
 
 
 def test_tree_of_thought_forks_share_the_problem(daemon: DaemonProcess) -> None:

@@ -171,3 +171,23 @@ def test_bad_snapshot_input(daemon: DaemonProcess) -> None:
     assert r.status_code == 400 and r.json()["error"]["param"] == "name"
     r = daemon.get("/v1/contexts/snapshots/never")
     assert r.status_code == 404 and r.json()["error"]["param"] == "name"
+
+
+def test_idle_is_a_tool_span_the_kv_layer_sees(daemon: DaemonProcess, local: None) -> None:
+    ctx = agentd.Context(MODEL, program_id="p-idle", session_id="s-idle").user("plan")
+    ctx.generate(max_tokens=2)
+
+    def kv() -> dict[str, Any]:
+        return dict(daemon.get("/v1/programs/p-idle/tools").json()["kv"])
+
+    with ctx.idle():
+        inside = kv()
+        assert inside["tool_running"] is True and inside["status"] == "acting"
+    after = kv()
+    assert after["tool_running"] is False and after["tool_last_s"] > 0
+    kinds = [e["kind"] for e in daemon.get("/v1/sessions/s-idle/trace").json()["data"]]
+    assert kinds.index("context.idle.start") < kinds.index("context.idle.end")
+    with pytest.raises(ValueError, match="needs a program"), agentd.Context(MODEL).idle():
+        pass
+    r = daemon.post("/v1/contexts/idle", json={"program_id": "p-idle", "state": "later"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "state"

@@ -147,6 +147,8 @@ CASES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/models"): Case("/v1/models", OK),
     ("POST", "/v1/contexts/generate"): Case("/v1/contexts/generate", NOT_FOUND, {
         "model": MODEL, "token_ids": [1], "program_id": B_PROGRAM}),
+    ("POST", "/v1/contexts/idle"): Case("/v1/contexts/idle", NOT_FOUND, {
+        "program_id": B_PROGRAM, "state": "start"}),
     ("GET", "/v1/contexts/snapshots/{name:str}"): Case(f"/v1/contexts/snapshots/{B_SNAPSHOT}",
                                                        NOT_FOUND),
     ("DELETE", "/v1/contexts/snapshots/{name:str}"): Case(
