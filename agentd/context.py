@@ -216,18 +216,35 @@ class Context:
         """Around a tool wait: the daemon sees a tool span of the context's program (it is
         ACTING from the start, and the KV layer weighs and may pause it as for a tool
         agentd runs). Needs a program: a run's, or `program_id` given in local mode."""
-        self._live()
-        if self._endpoint.program_id is None:
-            raise ValueError("Context.idle needs a program: run in a workflow, or give "
-                             "Context(program_id=...)")
-        body: dict[str, Any] = {"program_id": self._endpoint.program_id}
-        if self._endpoint.session_id is not None:
-            body["session_id"] = self._endpoint.session_id
+        body = self._program_body("idle")
         self._request("POST", "/contexts/idle", {**body, "state": "start"})
         try:
             yield
         finally:
             self._request("POST", "/contexts/idle", {**body, "state": "end"})
+
+    def pin(self) -> Context:
+        """Keep the context's program resident: the KV layer never pauses it while pinned
+        (a few programs per tenant; more is an error). Needs a program, as `idle` does."""
+        self._pinned(True)
+        return self
+
+    def unpin(self) -> Context:
+        self._pinned(False)
+        return self
+
+    def _pinned(self, pinned: bool) -> None:
+        self._request("POST", "/contexts/pin", {**self._program_body("pin"), "pinned": pinned})
+
+    def _program_body(self, what: str) -> dict[str, Any]:
+        self._live()
+        if self._endpoint.program_id is None:
+            raise ValueError(f"Context.{what} needs a program: run in a workflow, or give "
+                             "Context(program_id=...)")
+        body: dict[str, Any] = {"program_id": self._endpoint.program_id}
+        if self._endpoint.session_id is not None:
+            body["session_id"] = self._endpoint.session_id
+        return body
 
     def drop(self) -> None:
         """Forget the context: later use raises ContextDropped. Its KV blocks stay in the

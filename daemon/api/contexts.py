@@ -8,6 +8,7 @@ forks and programs is the engine's prefix cache.
 
 - `POST /v1/contexts/generate`: one generate (or, with `fill_only`, one prefill).
 - `POST /v1/contexts/idle`: the program waits on a tool (`with ctx.idle():`).
+- `POST /v1/contexts/pin`: the program is never paused while pinned (daemon/api/context_pins.py).
 - `PUT|GET|DELETE /v1/contexts/snapshots/{name}`: a named prefix of the caller's tenant
   (daemon/api/snapshots.py); another tenant's name is unknown (404).
 
@@ -22,6 +23,7 @@ import msgspec
 from litestar import Controller, Request, Response, delete, get, post, put
 
 from daemon.access.auth import READ, SUBMIT
+from daemon.api import context_pins
 from daemon.api import context_snapshots as snapshots
 from daemon.api.gateway import (
     DEFAULT_MAX_TOKENS,
@@ -89,6 +91,13 @@ class IdleRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tenant: str | None = None
 
 
+class PinRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    program_id: str
+    pinned: bool
+    session_id: str | None = None
+    tenant: str | None = None
+
+
 class ContextsController(Controller):
     path = "/v1/contexts"
     tags = ["contexts"]
@@ -133,6 +142,16 @@ class ContextsController(Controller):
         core.writer.trace(f"context.idle.{body.state}", session_id=program.session_id,
                           program_id=program.id, at=now, span_s=span)
         return {"program_id": program.id, "state": body.state, "span_s": span}
+
+    @post("/pin", status_code=200, opt={"scope": SUBMIT},
+          summary="Pin or unpin a context's program (Context.pin): never paused while pinned")
+    async def pin(self, request: Request[Any, Any, Any], core: Core) -> dict[str, Any]:
+        body = decode_request(await request.body(), PinRequest)
+        tenant = await request_tenant(request, core, body.tenant)
+        ids = _Common(model="", program_id=body.program_id, session_id=body.session_id)
+        program = await _program(core, request, ids, tenant)
+        context_pins.of(request).set(core, program, tenant, body.pinned)
+        return {"program_id": program.id, "pinned": program.pinned}
 
     @put("/snapshots/{name:str}", status_code=200, opt={"scope": SUBMIT},
          summary="Keep a context's token ids under a name, for the caller's tenant")

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 import agentd
+from agentd.runtime import LLMError
 from daemon.engines.sim import tokenizer
 from tests.daemon_process import DaemonProcess
 
@@ -191,3 +192,27 @@ def test_idle_is_a_tool_span_the_kv_layer_sees(daemon: DaemonProcess, local: Non
         pass
     r = daemon.post("/v1/contexts/idle", json={"program_id": "p-idle", "state": "later"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "state"
+
+
+def test_pin_keeps_the_program_resident_and_is_bounded(daemon: DaemonProcess,
+                                                       local: None) -> None:
+    def pinned(program: str) -> bool:
+        return bool(daemon.get(f"/v1/programs/{program}").json()["pinned"])
+
+    ctxs = [agentd.Context(MODEL, program_id=f"p-pin-{i}", session_id="s-pin").user("x")
+            for i in range(9)]
+    for ctx in ctxs[:8]:
+        ctx.generate(max_tokens=1)
+        ctx.pin()
+    assert all(pinned(f"p-pin-{i}") for i in range(8))
+    ctxs[8].generate(max_tokens=1)
+    with pytest.raises(LLMError, match="409"):
+        ctxs[8].pin()
+    ctxs[0].unpin()
+    assert not pinned("p-pin-0")
+    ctxs[8].pin()  # room again
+    assert pinned("p-pin-8")
+    kinds = [e["kind"] for e in daemon.get("/v1/sessions/s-pin/trace").json()["data"]]
+    assert kinds.count("context.pinned") == 9 and kinds.count("context.unpinned") == 1
+    with pytest.raises(ValueError, match="needs a program"):
+        agentd.Context(MODEL).pin()

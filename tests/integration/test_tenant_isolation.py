@@ -149,6 +149,8 @@ CASES: dict[tuple[str, str], Case] = {
         "model": MODEL, "token_ids": [1], "program_id": B_PROGRAM}),
     ("POST", "/v1/contexts/idle"): Case("/v1/contexts/idle", NOT_FOUND, {
         "program_id": B_PROGRAM, "state": "start"}),
+    ("POST", "/v1/contexts/pin"): Case("/v1/contexts/pin", NOT_FOUND, {
+        "program_id": B_PROGRAM, "pinned": True}),
     ("GET", "/v1/contexts/snapshots/{name:str}"): Case(f"/v1/contexts/snapshots/{B_SNAPSHOT}",
                                                        NOT_FOUND),
     ("DELETE", "/v1/contexts/snapshots/{name:str}"): Case(
