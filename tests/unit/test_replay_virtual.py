@@ -70,7 +70,7 @@ def test_the_config_files_meta_interval_changes_the_replays_switches(tmp_path: P
         path = tmp_path / f"agentd-{interval}.toml"
         path.write_text(f"meta_interval_s = {interval}\n")
         out = tmp_path / f"out-{interval}.json"
-        assert replay_main(["--synthetic-agents", "48", "--seed", "2", "--quiet", "--config",
+        assert replay_main(["--synthetic-agents", "24", "--seed", "2", "--quiet", "--config",
                             str(path), "--workers", "2", "--kv-tokens", "444000",
                             "--cost-model", "llama3-8b-h100", "--max-batch", "256",
                             "--max-batched-tokens", "8192", "--json", str(out)]) == 0
@@ -84,7 +84,8 @@ def test_a_store_keeps_the_daemons_own_trace_in_virtual_time(tmp_path: Path) -> 
     store = tmp_path / "replay.db"
     out = tmp_path / "out.json"
     assert replay_main(["--synthetic-agents", "4", "--quiet", "--workers", "2",
-                        "--store", str(store), "--json", str(out)]) == 0
+                        "--cost-model", "llama3-8b-h100", "--store", str(store),
+                        "--json", str(out)]) == 0
     row = json.loads(out.read_text())["results"][0]
     with sqlite3.connect(store) as db:
         kinds = {k for (k,) in db.execute("SELECT DISTINCT kind FROM trace_events")}
@@ -100,7 +101,8 @@ def test_a_store_keeps_the_daemons_own_trace_in_virtual_time(tmp_path: Path) -> 
 def test_policies_and_orderings_run_side_by_side(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     assert replay_main(["--synthetic-agents", "4", "--quiet", "--policy", "agentd,sticky",
-                        "--ordering", "fcfs,full", "--json", str(out)]) == 0
+                        "--ordering", "fcfs,full", "--cost-model", "llama3-8b-h100",
+                        "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["results"]
     assert [(r["policy"], r["ordering"]) for r in rows] == [
         ("agentd", "fcfs"), ("agentd", "meta-rules"), ("sticky", "fcfs"),
