@@ -134,6 +134,8 @@ def run_replay(args: argparse.Namespace) -> int:
     if args.store and len(configs) > 1:
         raise ValueError("--store keeps one run: give one --policy and one --ordering")
     store = Path(args.store) if args.store else None
+    if store is not None and store.exists():
+        raise ValueError(f"--store {store}: the file exists; a run's store starts empty")
     results = [replay(specs, cfg, hw, workload, _label(cfg, args), store) for cfg in configs]
     out = {"params": _params(args, hw, len(specs)), "results": results}
     text = json.dumps(out, indent=2)

@@ -113,7 +113,7 @@ class VirtualDaemon:
 
     def __init__(self, specs: list[ProgramSpec], config: Config, hardware: Hardware,
                  workload: Workload, label: str = "", store: Path | None = None) -> None:
-        self.config, self.hardware, self.workload = config, hardware, workload
+        self.config, self.workload = config, workload
         self.store = store
         self.label = label or f"{config.kv_policy}/{config.ordering_policy}"
         self.now = 0.0

@@ -115,6 +115,7 @@ def test_policies_and_orderings_run_side_by_side(tmp_path: Path) -> None:
     (["--synthetic-agents", "2", "--policy", "agentd,sticky", "--store", "x.db"], "--store"),
     (["--synthetic-agents", "2", "--load", "0"], "--load"),
     ([], "TRACE_FILE"),
+    (["--synthetic-agents", "2", "--store", __file__], "--store"),
 ])
 def test_bad_flags_exit_2_with_one_line(argv: list[str], names: str,
                                         capsys: pytest.CaptureFixture[str]) -> None:
