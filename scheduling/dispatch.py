@@ -18,7 +18,7 @@ wherever the layers do.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -115,18 +115,9 @@ def _parked(parked: Iterable[str], open_: set[str], layers: Layers, now: float,
             waiting.append(rid)
             continue
         worker = layers.route(rid, now)
-        if worker is None:
+        sent = worker is not None and (yield from _send(rid, worker, open_, layers))
+        if not sent:
             waiting.append(rid)
-            continue
-        decision = layers.admits(rid, worker) if worker in open_ else None
-        if decision is None or not decision.admit:
-            if decision is not None:
-                open_.discard(worker)
-                yield Refuse(rid, decision)
-            waiting.append(rid)
-            continue
-        yield Dispatch(rid, worker)
-        _close_if_full(worker, open_, layers)
 
 
 def _ordered(ordered: Ordered, open_: set[str], layers: Layers,
@@ -157,16 +148,8 @@ def _ordered(ordered: Ordered, open_: set[str], layers: Layers,
             continue
         if worker is None:
             yield Park(rid)
-            continue
-        decision = layers.admits(rid, worker) if worker in open_ else None
-        if decision is None or not decision.admit:
-            if decision is not None:
-                open_.discard(worker)
-                yield Refuse(rid, decision)
+        elif not (yield from _send(rid, worker, open_, layers)):
             aside.append(head)
-            continue
-        yield Dispatch(rid, worker)
-        _close_if_full(worker, open_, layers)
     # Back through push: for a policy with state (WFQ's tags, two-lane's gate) a request
     # set aside counts as arriving again.
     for q in aside:
@@ -189,7 +172,18 @@ def _may_start(rid: str, open_: set[str], layers: Layers) -> Literal[True] | Ref
     return None if decision is None else Refuse(rid, decision)
 
 
-def _close_if_full(worker: str, open_: set[str], layers: Layers) -> None:
+def _send(rid: str, worker: str, open_: set[str], layers: Layers
+          ) -> Generator[Decision, None, bool]:
+    """Dispatch to the routed worker if it is open and admits the request (it closes when
+    it fills); a refusal closes it for this step. Whether the request was sent."""
+    decision = layers.admits(rid, worker) if worker in open_ else None
+    if decision is None or not decision.admit:
+        if decision is not None:
+            open_.discard(worker)
+            yield Refuse(rid, decision)
+        return False
+    yield Dispatch(rid, worker)
     if not layers.has_room(worker):
         open_.discard(worker)
+    return True
 
