@@ -48,7 +48,8 @@ class Config:
     max_tokens_limit: int = 32768
     kv_policy: str = "agentd"  # vllm-default | sticky | continuum-ttl | thunderagent | agentd
     # Bound on a ready program's wait for KV; longer trades that bound for throughput
-    # (bench/kv.py ablation: 30 s -> 1.10x vllm-default at 256 programs, no limit -> 1.88x).
+    # (bench/kv.py ablation, on the replay before it ran the daemon's core: 30 s -> 1.10x
+    # vllm-default at 256 programs, no limit -> 1.88x).
     kv_force_resume_s: float = 30.0
     # [kv_options]: the agentd policy's AgentdOptions (scheduling/kv/agentd.py), for tuning
     # and ablations (bench/kv.py); empty = as shipped.

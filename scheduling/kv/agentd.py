@@ -19,8 +19,10 @@ from scheduling.kv.view import RESIDENT, WAITING, KvView, ProgramStatus, Program
 
 @dataclass(frozen=True)
 class AgentdOptions:
-    """Each flag turns one addition on or off for an ablation (bench/kv.py runs them;
-    the numbers quoted are from its synthetic-agent sweep, 2 workers x 444k tokens).
+    """Each flag turns one addition on or off for an ablation (bench/kv.py runs them, as
+    the daemon's [kv_options]). The numbers quoted are from its synthetic-agent sweep,
+    2 workers x 444k tokens, on the replay before it ran the daemon's own core (issue
+    22): with the sim's residency truth and no SLO stack; rerun bench/kv.py for today's.
 
     fair_resume: the wait bound of `scheduling/kv/fairness.py` instead of
         ThunderAgent's force-resume: the oldest waiting program is swapped in once
