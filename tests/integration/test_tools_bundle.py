@@ -45,11 +45,17 @@ FILES = {"main.py": MAIN}
 
 
 @pytest.fixture(scope="module")
-def d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+def d(tmp_path_factory: pytest.TempPathFactory,
+      request: pytest.FixtureRequest) -> Iterator[DaemonProcess]:
     tmp = tmp_path_factory.mktemp("bundle-tools")
     cfg = tmp / "agentd.toml"
     cfg.write_text('[tools.shell]\nbackend = "process"\n')
-    daemon = DaemonProcess(tmp / "data", extra_args=["--config", str(cfg)]).start()
+    # The engine the docker case's bundle uses, known before the daemon starts (a test
+    # asking for it later would leave this daemon without one); none: process cases only.
+    env = {}
+    with contextlib.suppress(pytest.skip.Exception):
+        env["DOCKER_HOST"] = request.getfixturevalue("docker_host")
+    daemon = DaemonProcess(tmp / "data", extra_args=["--config", str(cfg)], env=env).start()
     yield daemon
     daemon.stop()
     with contextlib.suppress(docker.errors.DockerException):  # no engine: nothing to remove

@@ -1,10 +1,12 @@
 """Asynchronous preparation in a real daemon: a program paused by KV pressure declares a
 tool while it waits in the global queue; its environment is ready before it is restored.
 
-One sim worker with 4096 tokens of KV. Program B (~1.8k tokens) runs a step, then A
-(~2.8k tokens) arrives: together they thrash and the policy pauses B, the shorter ACTING
-one. B's next request waits while A generates and its acting weight decays; during that
-wait B declares a tool whose setup sleeps SETUP_S.
+One sim worker with 4096 tokens of KV. Programs B (~1.2k tokens) and A (~1.8k) each run a
+step: both fit. A's next request grows it to ~3.3k and 300 generated tokens: together they
+thrash and the policy pauses B, the shorter ACTING one. B's next request waits while A
+generates; during that wait B declares a tool whose setup sleeps SETUP_S. (The KV view
+counts a queued request's prompt, so a program that would not fit at arrival is not
+admitted at all: the pressure has to come from growth, as it does in an agent.)
 """
 
 from __future__ import annotations
@@ -68,14 +70,13 @@ def _first(events: list[dict[str, Any]], kind: str, after: float) -> dict[str, A
 
 def test_preparation_overlaps_a_paused_programs_wait(paused_daemon: DaemonProcess) -> None:
     d = paused_daemon
-    _chat(d, "B", 1800, 2)
-    _chat(d, "A", 2800, 2)
+    _chat(d, "B", 1200, 2)
+    _chat(d, "A", 1800, 2)
+    threads = [threading.Thread(target=_chat, args=(d, "A", 3300, 300)),
+               threading.Thread(target=_chat, args=(d, "B", 1200, 2))]
+    threads[0].start()
     wait_for(lambda: d.get("/v1/programs/B").json()["status"] == "PAUSED", 15, "B to be paused",
              interval=0.05)
-    threads = [threading.Thread(target=_chat, args=(d, "A", 2800, 300)),
-               threading.Thread(target=_chat, args=(d, "B", 1800, 2))]
-    threads[0].start()
-    wait_for(lambda: _queued(d, "A") == 2, 15, "A's second request to queue", interval=0.05)
     threads[1].start()  # B's request arrives after A's
     wait_for(lambda: _queued(d, "B") == 2, 15, "B's second request to queue", interval=0.05)
     assert d.get("/v1/programs/B").json()["status"] == "PAUSED"
