@@ -37,8 +37,8 @@ from daemon.api.gateway import (
     _Common,
     _finish_recorded,
     _program,
-    _release_quietly,
     decode_request,
+    until_finish,
 )
 from daemon.api.ids import id_problem
 from daemon.api.limits import admit
@@ -272,23 +272,7 @@ async def _respond(core: Core, request: Request[Any, Any, Any], req: RequestStat
                    body: GenerateRequest, program: ProgramState) -> Response[Any]:
     ephemeral = body.program_id is None and "x-program-id" not in request.headers
     since = core.writer.mark()
-    items: list[StreamItem] = []
-    try:
-        while True:
-            item = await req.stream.get()
-            if item.finish is not None or item.error is not None:
-                break
-            items.append(item)
-    except BaseException:
-        await core.abort(req.id, "client went away")
-        raise
-    finally:
-        if ephemeral:
-            _release_quietly(core, program.id)
-    if item.error is not None:
-        raise ApiError(503 if "worker" in item.error else 500, item.error, "engine_error")
-    finish = item.finish
-    assert finish is not None
+    items, finish = await until_finish(core, req, program.id, ephemeral)
     if not await _finish_recorded(core, since):
         raise ApiError(503, "the generate finished but the store could not record it; retry",
                        "store_unavailable")

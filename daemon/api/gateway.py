@@ -391,29 +391,14 @@ async def _respond(
             _sse(core, req, body.model, chat, include_usage, ephemeral, since),
             media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"},
         )
-    try:
-        items: list[StreamItem] = []
-        while True:
-            item = await req.stream.get()
-            if item.finish is not None or item.error is not None:
-                break
-            items.append(item)
-    except BaseException:
-        await core.abort(req.id, "client went away")
-        raise
-    finally:
-        if ephemeral:
-            _release_quietly(core, program.id)
-    if item.error is not None:
-        raise ApiError(503 if "worker" in item.error else 500, item.error, "engine_error")
-    assert item.finish is not None
+    items, finish = await until_finish(core, req, program.id, ephemeral)
     if not await _finish_recorded(core, since):
         raise ApiError(503, NOT_RECORDED, "store_unavailable")
-    choice = _choice(req, items, item.finish, chat)
+    choice = _choice(req, items, finish, chat)
     return Response({
         "id": req.id, "object": "chat.completion" if chat else "text_completion",
         "created": int(req.queued_at), "model": body.model,
-        "choices": [choice], "usage": _usage(item.finish),
+        "choices": [choice], "usage": _usage(finish),
         "program_id": program.id, "session_id": program.session_id,
     }, headers=headers)
 
@@ -496,6 +481,30 @@ async def _sse(
 
 
 NOT_RECORDED = "the completion finished but the store could not record it; retry the request"
+
+
+async def until_finish(core: Core, req: RequestState, program_id: str, ephemeral: bool
+                       ) -> tuple[list[StreamItem], Finish]:
+    """A request answered whole: its items until its finish. A client that goes away aborts
+    it; an ephemeral program (no id given) is released either way; an engine error is
+    answered (503 when a worker failed it)."""
+    items: list[StreamItem] = []
+    try:
+        while True:
+            item = await req.stream.get()
+            if item.finish is not None or item.error is not None:
+                break
+            items.append(item)
+    except BaseException:
+        await core.abort(req.id, "client went away")
+        raise
+    finally:
+        if ephemeral:
+            _release_quietly(core, program_id)
+    if item.error is not None:
+        raise ApiError(503 if "worker" in item.error else 500, item.error, "engine_error")
+    assert item.finish is not None
+    return items, item.finish
 
 
 async def _finish_recorded(core: Core, since: int) -> bool:
