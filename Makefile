@@ -44,8 +44,9 @@ test-fast: install
 	$(PY) -m pytest $(FAST_TESTS) -m "not vllm and not browser" $(PYTEST_ARGS)
 
 # mypy checks the packages listed in pyproject.toml, then each example bundle on its own;
-# lint-imports holds the architecture's import rules (pyproject.toml's contracts).
-lint: install
+# lint-imports holds the architecture's import rules (pyproject.toml's contracts). mypy
+# checks the vLLM worker against vLLM's own types, so vLLM is installed first.
+lint: install-vllm
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	for example in examples/*/; do $(VENV)/bin/mypy "$$example" || exit 1; done
