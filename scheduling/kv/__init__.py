@@ -6,11 +6,13 @@ applies the returned decisions in order.
 """
 
 from scheduling.kv.agentd import AgentdOptions, AgentdPolicy
+from scheduling.kv.autellix import AutellixPlasPolicy, PlasOptions
 from scheduling.kv.baselines import ContinuumTtlPolicy, StickyPolicy, VllmDefaultPolicy
 from scheduling.kv.decisions import Admit, Decision, MarkPauseAfterRequest, Pause, Restore
 from scheduling.kv.ledger import decay
 from scheduling.kv.migration import MigrationPlan, plan_migration
 from scheduling.kv.policy import KvPolicy
+from scheduling.kv.prefix_router import PrefixRouterOptions, PrefixRouterPolicy
 from scheduling.kv.registry import KV_POLICIES, make_kv_policy
 from scheduling.kv.residency import ResidencyEstimator
 from scheduling.kv.thunder import ThunderAgentPolicy
@@ -21,6 +23,7 @@ __all__ = [
     "Admit",
     "AgentdOptions",
     "AgentdPolicy",
+    "AutellixPlasPolicy",
     "ContinuumTtlPolicy",
     "Decision",
     "KvConfig",
@@ -29,6 +32,9 @@ __all__ = [
     "MarkPauseAfterRequest",
     "MigrationPlan",
     "Pause",
+    "PlasOptions",
+    "PrefixRouterOptions",
+    "PrefixRouterPolicy",
     "ProgramStatus",
     "ProgramView",
     "ResidencyEstimator",

@@ -32,11 +32,12 @@ def _admit_all(view: KvView) -> list[Decision]:
         if worker_id is None:
             break
         sent[worker_id] = sent.get(worker_id, 0) + program.context_tokens
-        decisions.append(_bind(program, worker_id, "admit-all"))
+        decisions.append(bind(program, worker_id, "admit-all"))
     return decisions
 
 
-def _bind(program: ProgramView, worker_id: str, reason: str) -> Decision:
+def bind(program: ProgramView, worker_id: str, reason: str) -> Decision:
+    """Admit a QUEUED program, restore a PAUSED one."""
     if program.status is ProgramStatus.QUEUED:
         return Admit(program.program_id, worker_id, reason)
     return Restore(program.program_id, worker_id, reason)

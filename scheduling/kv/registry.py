@@ -7,8 +7,10 @@ from dataclasses import fields, replace
 from typing import Any
 
 from scheduling.kv.agentd import AgentdOptions, AgentdPolicy
+from scheduling.kv.autellix import AutellixPlasPolicy
 from scheduling.kv.baselines import ContinuumTtlPolicy, StickyPolicy, VllmDefaultPolicy
 from scheduling.kv.policy import KvPolicy
+from scheduling.kv.prefix_router import PrefixRouterPolicy
 from scheduling.kv.thunder import ThunderAgentPolicy
 
 KV_POLICIES: dict[str, Callable[[], KvPolicy]] = {
@@ -16,6 +18,8 @@ KV_POLICIES: dict[str, Callable[[], KvPolicy]] = {
     StickyPolicy.name: StickyPolicy,
     ContinuumTtlPolicy.name: ContinuumTtlPolicy,
     ThunderAgentPolicy.name: ThunderAgentPolicy,
+    AutellixPlasPolicy.name: AutellixPlasPolicy,
+    PrefixRouterPolicy.name: PrefixRouterPolicy,
     AgentdPolicy.name: AgentdPolicy,
 }
 

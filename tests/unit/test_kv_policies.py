@@ -36,7 +36,7 @@ def view(*programs: ProgramView, used: tuple[int, ...] = (0, 0), cap: int = 1000
 
 def test_registry_builds_every_policy_by_name() -> None:
     assert set(KV_POLICIES) == {"vllm-default", "sticky", "continuum-ttl", "thunderagent",
-                                "agentd"}
+                                "autellix-plas", "prefix-router", "agentd"}
     for name in KV_POLICIES:
         assert make_kv_policy(name).name == name
     with pytest.raises(KeyError, match="unknown kv policy"):
