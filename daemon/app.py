@@ -18,6 +18,7 @@ from daemon.api.contexts import ContextsController
 from daemon.api.drilldown import DrilldownController
 from daemon.api.errors import EXCEPTION_HANDLERS, ErrorSchemaPlugin
 from daemon.api.gateway import GatewayController
+from daemon.api.history_api import HistoryController
 from daemon.api.limits import Limits
 from daemon.api.policies_api import install_policies
 from daemon.api.responses import ResponsesController
@@ -29,6 +30,8 @@ from daemon.api.workflows_wiring import install_workflows
 from daemon.config import Config
 from daemon.core import data_dir, interpreter_tuning, recovery
 from daemon.core.core import Core
+from daemon.history.http_tally import HttpTally
+from daemon.history.service import History
 from daemon.toolsvc.service import ToolService
 from daemon.workers.supervisor import Supervisor
 from db.engine import make_engine, make_sessionmaker, upgrade
@@ -48,6 +51,8 @@ class Daemon:
         self.tools: ToolService | None = None
         self.auth = auth.TokenAuth(enabled=config.auth)
         self.limits = Limits(config)
+        self.tally = HttpTally()  # the API's 5xx answers, for the history
+        self.history: History | None = None
 
     @asynccontextmanager
     async def lifespan(self, _app: Litestar) -> AsyncIterator[None]:
@@ -65,6 +70,8 @@ class Daemon:
         core = Core(cfg, writer, sessions)
         await core.load_known_sessions()
         await core.start()
+        self.history = History(core, self.tally)
+        self.history.start()  # before daemon.started: that trace is its first event
         await core.expiry.load_stored()  # live programs the last run left: they expire too
         self.core = core
         self.tools = ToolService(core, cfg)
@@ -84,6 +91,7 @@ class Daemon:
             await self.supervisor.stop()
             await self.tools.stop()
             await core.stop()
+            await self.history.stop()
             writer.trace("daemon.stopped")
             await writer.stop()
             await engine.dispose()
@@ -93,6 +101,10 @@ class Daemon:
     def get_tools(self) -> ToolService:
         assert self.tools is not None, "the daemon has not started"
         return self.tools
+
+    def get_history(self) -> History:
+        assert self.history is not None, "the daemon has not started"
+        return self.history
 
     def get_core(self) -> Core:
         assert self.core is not None, "the daemon has not started"
@@ -105,12 +117,14 @@ def create_app(config: Config) -> Litestar:
         route_handlers=[GatewayController, ResponsesController, ContextsController,
                         RestController,
                         OperatorController, OpsController, ToolsController, SchedulingController,
-                        DrilldownController, WhoamiController,
+                        DrilldownController, WhoamiController, HistoryController,
                         drain.DrainController, create_ui_router(config.base_url)],
         before_request=drain.refuse_while_draining,
         guards=[auth.require_scope, tenants.require_owner],
         dependencies={"core": Provide(daemon.get_core, sync_to_thread=False),
-                      "tools": Provide(daemon.get_tools, sync_to_thread=False)},
+                      "tools": Provide(daemon.get_tools, sync_to_thread=False),
+                      "history": Provide(daemon.get_history, sync_to_thread=False)},
+        middleware=[daemon.tally.middleware],
         lifespan=[daemon.lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
         plugins=[ErrorSchemaPlugin()],

@@ -99,6 +99,15 @@ class Config:
     # release would end it, tools reclaimed (daemon/core/expiry.py); 0 = never. A tenant's
     # [slo.tenants.NAME] table may set its own `program_idle_timeout_s`.
     program_idle_timeout_s: float = 1800.0
+    # History (daemon/history/): the daemon samples its own series into the store every
+    # history_interval_s (0 = off); raw samples are kept history_raw_keep_s, 1-minute
+    # rollups history_minute_keep_s, 10-minute rollups history_ten_minute_keep_s, and the
+    # event log history_events_keep_s.
+    history_interval_s: float = 10.0
+    history_raw_keep_s: float = 3600.0
+    history_minute_keep_s: float = 86400.0
+    history_ten_minute_keep_s: float = 7 * 86400.0
+    history_events_keep_s: float = 7 * 86400.0
     # Tool specs by name, from the config file's [tools.NAME] tables.
     tools: dict[str, Any] = field(default_factory=dict)
 
@@ -230,6 +239,7 @@ def validate(cfg: Config) -> None:
     if not cfg.lineage_idle_s > 0:
         raise ConfigError(f"lineage_idle_s must be > 0, got {cfg.lineage_idle_s!r}")
     _check_idle_timeouts(cfg)
+    _check_history(cfg)
     if not cfg.runtime_resource_wait_s >= 0:
         raise ConfigError("runtime_resource_wait_s must be >= 0 (0: no wait)")
     if cfg.max_result_bytes < MIN_RESULT_BYTES:
@@ -251,6 +261,19 @@ def _check_idle_timeouts(cfg: Config) -> None:
         tenant_timeouts(cfg.slo.get("tenants", {}))
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def _check_history(cfg: Config) -> None:
+    if not cfg.history_interval_s >= 0:
+        raise ConfigError(f"history_interval_s must be >= 0 (0 turns sampling off), "
+                          f"got {cfg.history_interval_s!r}")
+    # each tier must outlive two buckets of the tier that folds it, or points are pruned
+    # before they are rolled up
+    for key, least in (("history_raw_keep_s", 120.0), ("history_minute_keep_s", 1200.0),
+                       ("history_ten_minute_keep_s", 1200.0),
+                       ("history_events_keep_s", 60.0)):
+        if not getattr(cfg, key) >= least:
+            raise ConfigError(f"{key} must be >= {least:.0f}, got {getattr(cfg, key)!r}")
 
 
 def is_loopback(host: str) -> bool:

@@ -203,3 +203,39 @@ class Response(Base):
     conversation: Mapped[list[Any]] = mapped_column(JSON)
     body: Mapped[dict[str, Any]] = mapped_column(JSON)  # the response object as answered
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class HistoryPoint(Base):
+    """One value of one of the daemon's own series (daemon/history/): a raw sample
+    (`step_s` 0) or a rollup of the finer tier over [ts, ts + step_s)."""
+
+    __tablename__ = "history_points"
+    __table_args__ = (Index("ix_history_step_ts", "step_s", "ts"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    series: Mapped[str] = mapped_column(String(64))
+    label: Mapped[str] = mapped_column(String(128), default="")  # a worker id, or ""
+    step_s: Mapped[int] = mapped_column(Integer)
+    ts: Mapped[float] = mapped_column(Float)
+    value: Mapped[float] = mapped_column(Float)
+    samples: Mapped[int] = mapped_column(Integer, default=1)  # raw samples folded in
+
+
+class OperatorEvent(Base):
+    """What an operator arriving after an incident needs to know happened: worker crashes,
+    failovers, policy switches and rollbacks, refused and failed requests, expiries.
+    Storms are folded into one row per kind, tenant and worker per interval (`count`)."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_ts", "ts"), Index("ix_events_kind_ts", "kind", "ts"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    ts: Mapped[float] = mapped_column(Float)  # the first occurrence
+    last_ts: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(64))
+    severity: Mapped[str] = mapped_column(String(16))  # info | warning | error
+    tenant: Mapped[str | None] = mapped_column(String(128), nullable=True)  # None: cluster
+    worker_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    count: Mapped[int] = mapped_column(Integer, default=1)
+    message: Mapped[str] = mapped_column(Text)
+    data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

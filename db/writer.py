@@ -69,6 +69,10 @@ class BatchWriter:
         self.events_written = 0
         self._last_ts = 0.0
         self.last_error: str | None = None
+        # Called with each trace row as it is enqueued: parts that derive their own
+        # records from the facts the daemon traces (daemon/history/events.py) follow here,
+        # so no place that knows a fact needs to know who else wants it.
+        self.trace_observers: list[Callable[[dict[str, Any]], None]] = []
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="store-writer")
@@ -101,6 +105,8 @@ class BatchWriter:
             "data": fields,
         }
         self.insert("trace_events", row)
+        for observe in self.trace_observers:
+            observe(row)
 
     def _push(self, op: _Op) -> None:
         self._enqueued += 1

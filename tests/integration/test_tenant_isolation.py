@@ -178,6 +178,10 @@ CASES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/workers/{worker_id:str}"): Case("/v1/workers/local-sim-0", OK),
     ("GET", "/v1/requests/{request_id:str}"): Case(f"/v1/requests/{REQUEST}", NOT_FOUND),
     ("GET", "/v1/whoami"): Case("/v1/whoami", OK),
+    # cluster-wide series and events of no tenant or A's own (daemon/api/history_api.py);
+    # tests/integration/test_history_daemon.py shows B's events stay B's
+    ("GET", "/v1/history"): Case("/v1/history", OK),
+    ("GET", "/v1/events"): Case("/v1/events", OK),
     ("POST", "/v1/programs/{program_id:str}/kill"): Case(f"/v1/programs/{B_PROGRAM}/kill",
                                                          FORBIDDEN, {}),
     ("POST", "/v1/programs/{program_id:str}/migrate"): Case(
