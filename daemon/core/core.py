@@ -21,6 +21,7 @@ from daemon import lru
 from daemon.config import Config
 from daemon.core.dispatching import CoreLayers
 from daemon.core.expiry import ProgramExpiry
+from daemon.core.fit import refuse_unservable
 from daemon.core.lineage import Lineage
 from daemon.core.programs import ProgramLifecycle
 from daemon.core.worker_health import WorkerHealth
@@ -177,6 +178,8 @@ class Core(ProgramLifecycle, WorkerHealth):
                 f"('{program.active_request}'); a program issues one LLM call at a time",
                 status=409, code="program_busy",
             )
+        if prompt_token_ids is not None:
+            refuse_unservable(len(prompt_token_ids), self.workers.values())
         now = self.clock()
         req = RequestState(
             id=self.new_id("req"), program_id=program.id, session_id=program.session_id, kind=kind,

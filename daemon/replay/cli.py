@@ -76,6 +76,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                                    "SQLite file (open it with agentd start --db)")
     p.add_argument("--json", dest="json_out", help="write the result JSON here")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--progress-every", type=float, default=5.0, metavar="S",
+                   help="wall seconds between progress lines (virtual time, requests and "
+                        "programs done, ETA) on stderr")
 
 
 def load_specs(args: argparse.Namespace) -> list[ProgramSpec]:
@@ -130,7 +133,10 @@ def run_replay(args: argparse.Namespace) -> int:
     configs = variants(base, args.policy, args.ordering)
     specs = load_specs(args)
     hw = hardware(args, base)
-    workload = Workload(args.concurrency, args.duration_s, 0.0 if args.quiet else 5.0)
+    if args.progress_every <= 0:
+        raise ValueError(f"--progress-every must be positive, got {args.progress_every:g}")
+    workload = Workload(args.concurrency, args.duration_s,
+                        0.0 if args.quiet else args.progress_every)
     if args.store and len(configs) > 1:
         raise ValueError("--store keeps one run: give one --policy and one --ordering")
     store = Path(args.store) if args.store else None

@@ -34,17 +34,18 @@ from daemon.core.core import Core
 from daemon.core.tenants import open_program
 from daemon.engines.sim import CostModel, SchedulerConfig, load_cost_model
 from daemon.engines.sim.cost import DEFAULT_COST_MODEL
+from daemon.errors import CoreError
 from daemon.policies.registry import PolicyService
 from daemon.replay.metrics import RequestRecord, RunTotals, Samples, result_row
 from daemon.replay.workers import ReplayWorkers
 from daemon.replay.workload import ProgramSpec, first_prompt, next_prompt
-from daemon.state import ProgramState, ProgramStatus, RequestState
+from daemon.state import ProgramState, ProgramStatus, RequestState, RequestStatus
 from daemon.workers import protocol
 from db.engine import make_engine, make_sessionmaker, upgrade
 from db.writer import BatchWriter
 from scheduling.slo.templates import TaskType
 
-_ARRIVE, _READY, _STEP_DONE, _HEARTBEAT, _KV_TICK, _SLO_TICK = range(6)
+_ARRIVE, _READY, _STEP_DONE, _HEARTBEAT, _KV_TICK, _SLO_TICK, _REPLY = range(7)
 MODEL = "sim-replay"
 
 
@@ -87,6 +88,47 @@ class _Program:
     state: ProgramState | None = None
     context: list[int] = field(default_factory=list)
     started_at: float = 0.0
+    refused: bool = False  # a request of it was refused: the client gives up
+
+
+class SocketOrder:
+    """The core's link to the replay's workers, in a socket's order.
+
+    A simulated worker answers some messages while the core is still sending them: a
+    Submit the engine rejects (a prompt over its model length or its whole KV) gets its
+    error Finish, an Abort its Finish. Over ZeroMQ those replies reach the daemon only
+    after the step that sent them is over; delivered inside the send, the core would end
+    the request in the middle of dispatching it and then finish the dispatch (the fence
+    reserving room for a request already gone, the program marked as running). So replies
+    made during a send are queued (`deferred`) and the replay delivers them next."""
+
+    def __init__(self, workers: ReplayWorkers) -> None:
+        self.workers = workers
+        self.endpoint = workers.endpoint
+        self.sending = False
+
+    def use_worker_key(self, key: str, *, encrypt_ipc: bool = False) -> None:
+        self.workers.use_worker_key(key, encrypt_ipc=encrypt_ipc)
+
+    def start(self) -> None:
+        self.workers.start()
+
+    async def stop(self) -> None:
+        await self.workers.stop()
+
+    def send(self, identity: bytes, message: protocol.DaemonMessage) -> None:
+        self.sending = True
+        try:
+            self.workers.send(identity, message)
+        finally:
+            self.sending = False
+
+    def send_frame(self, identity: bytes, frame: bytes, what: str) -> None:
+        self.sending = True
+        try:
+            self.workers.send_frame(identity, frame, what)
+        finally:
+            self.sending = False
 
 
 class VirtualLoop(asyncio.SelectorEventLoop):
@@ -119,6 +161,8 @@ class VirtualDaemon:
         self.now = 0.0
         self.workers = ReplayWorkers(hardware.workers, hardware.scheduler_config(),
                                      hardware.cost(), MODEL, secrets.token_hex(16))
+        self.link = SocketOrder(self.workers)
+        self.refused = 0  # requests the daemon or an engine refused as unservable
         self.backlog = deque(sorted((_Program(s) for s in specs),
                                     key=lambda p: (p.spec.arrival_s, p.spec.program_id)))
         self.total = len(self.backlog)
@@ -157,14 +201,21 @@ class VirtualDaemon:
                            switches, rollbacks)
         row = result_row(totals, self.config.kv_policy, self.config.meta_policy,
                          time.perf_counter() - wall)
-        return {**row, "label": self.label, "final_ordering": ordering}
+        return {**row, "refused": self.refused, "label": self.label, "final_ordering": ordering}
 
     async def _start_core(self, writer: BatchWriter, sessions: Any) -> Core:
         numbers = itertools.count()
-        core = Core(self.config, writer, sessions, clock=lambda: self.now, link=self.workers,
+        core = Core(self.config, writer, sessions, clock=lambda: self.now, link=self.link,
                     ids=lambda prefix: f"{prefix}-{next(numbers):08d}")
         core.worker_key = self.workers.key
-        self.workers.deliver = core.on_worker_message
+
+        def deliver(identity: bytes, message: protocol.WorkerMessage) -> None:
+            if self.link.sending:
+                self._push(self.now, _REPLY, (identity, message))
+            else:
+                core.on_worker_message(identity, message)
+
+        self.workers.deliver = deliver
         self.workers.register_all()
         await PolicyService.start(core)
         core.on_request_end.append(self._request_ended)
@@ -179,8 +230,8 @@ class VirtualDaemon:
         self._push(0.0, _HEARTBEAT, None)
         self._push(core.kv.config.check_interval_s, _KV_TICK, None)
         self._push(core.slo.settings.cycle_s, _SLO_TICK, None)
-        progress = Progress(self.label, self.workload.progress_every_s)
         limit = self.workload.duration_s
+        progress = Progress(self.label, self.workload.progress_every_s, limit)
         while self.backlog or self.live:
             t_event = self._heap[0][0] if self._heap else float("inf")
             t_step, worker = min(self.workers.steps_due(self.now), default=(float("inf"), ""))
@@ -199,6 +250,8 @@ class VirtualDaemon:
                 await self._open(core, payload)
             elif kind == _STEP_DONE:
                 self.workers.step_done(*payload)
+            elif kind == _REPLY:
+                core.on_worker_message(*payload)
             elif kind == _HEARTBEAT:
                 self.workers.heartbeat()
                 core.health_tick()
@@ -206,7 +259,7 @@ class VirtualDaemon:
                 # The daemon's own timers (forgetting ended programs and requests, the
                 # store writer) fall due on the loop's virtual clock.
                 await asyncio.sleep(0)
-                progress.maybe(self.now, len(self.latencies), self.total)
+                progress.maybe(self.now, len(self.records), len(self.latencies), self.total)
             elif kind == _KV_TICK:
                 core.kv.tick()
                 self._sample()
@@ -245,9 +298,13 @@ class VirtualDaemon:
         step = prog.spec.steps[prog.index]
         ids = (first_prompt(prog.spec) if prog.index == 0
                else next_prompt(prog.spec, prog.index, prog.context)[0])
-        req = core.submit(prog.state, "completion", MODEL,
-                          protocol.SamplingParams(max_tokens=step.output_tokens),
-                          prompt_token_ids=ids)
+        try:
+            req = core.submit(prog.state, "completion", MODEL,
+                              protocol.SamplingParams(max_tokens=step.output_tokens),
+                              prompt_token_ids=ids)
+        except CoreError as exc:  # the API would answer it with exc.status; the client stops
+            self._refuse(prog, str(exc))
+            return
         tag = core.slo.tags.get(req.id)
         if tag is not None:
             self._slos[req.id] = (tag.slo.ttft_s, tag.slo.tpot_s, tag.l_pred)
@@ -256,6 +313,10 @@ class VirtualDaemon:
         prog = self.by_core_id.get(req.program_id)
         if prog is None:
             return  # the daemon's own calls
+        if req.status is RequestStatus.FAILED:  # an engine refused it (or it could not be sent)
+            self.workers.finished.pop(req.id, None)
+            self._refuse(prog, "the engine refused it")
+            return
         self.records.append(self._record(prog, req))
         sim = self.workers.finished.pop(req.id, None)
         prog.context = sim.all_token_ids if sim is not None else prog.context
@@ -264,6 +325,16 @@ class VirtualDaemon:
             self._ended.append(prog)
         else:
             self._push(self.now + prog.spec.steps[prog.index].tool_s, _READY, prog)
+
+    def _refuse(self, prog: _Program, reason: str) -> None:
+        """The request was refused as the daemon refuses it (at submit, or its engine's
+        error); the program, like a client that got an error, ends."""
+        self.refused += 1
+        prog.refused = True
+        self._ended.append(prog)
+        if self.workload.progress_every_s > 0:
+            print(f"[replay {self.label}] refused a request of {prog.spec.program_id}: "
+                  f"{reason}", file=sys.stderr, flush=True)
 
     def _record(self, prog: _Program, req: RequestState) -> RequestRecord:
         task = prog.spec.task or TaskType.UNKNOWN.value
@@ -284,7 +355,8 @@ class VirtualDaemon:
             assert prog.state is not None
             core.set_program_status(prog.state, ProgramStatus.STOPPED, "released")
             del self.by_core_id[prog.state.id]
-            self.latencies.append(self.now - prog.started_at)
+            if not prog.refused:
+                self.latencies.append(self.now - prog.started_at)
             self.live -= 1
         self._admit_backlog()
 
@@ -296,15 +368,28 @@ class VirtualDaemon:
 
 
 class Progress:
-    """A stderr line every ``every_s`` wall seconds, for long runs."""
+    """A stderr line every ``every_s`` wall seconds, for long runs: virtual time reached,
+    requests and programs done, and the wall time left at the pace so far (from virtual
+    time against the run's end when it has one, else from programs done)."""
 
-    def __init__(self, label: str, every_s: float) -> None:
-        self.label, self.every_s = label, every_s
-        self._next = time.perf_counter() + every_s
+    def __init__(self, label: str, every_s: float, end_s: float | None = None) -> None:
+        self.label, self.every_s, self.end_s = label, every_s, end_s
+        self._start = time.perf_counter()
+        self._next = self._start + every_s
 
-    def maybe(self, now: float, done: int, total: int) -> None:
-        if self.every_s <= 0 or time.perf_counter() < self._next:
+    def maybe(self, now: float, requests: int, programs: int, total: int) -> None:
+        wall = time.perf_counter()
+        if self.every_s <= 0 or wall < self._next:
             return
-        self._next = time.perf_counter() + self.every_s
-        print(f"[replay {self.label}] t={now:.0f}s programs {done}/{total} done",
+        self._next = wall + self.every_s
+        until = f"/{self.end_s:.0f}" if self.end_s is not None else ""
+        print(f"[replay {self.label}] t={now:.0f}{until}s requests {requests} done, "
+              f"programs {programs}/{total}, ETA {self.eta(now, programs, total, wall)}",
               file=sys.stderr, flush=True)
+
+    def eta(self, now: float, programs: int, total: int, wall: float) -> str:
+        share = now / self.end_s if self.end_s else programs / max(total, 1)
+        if share <= 0:
+            return "?"
+        left = (wall - self._start) * (1 - min(share, 1.0)) / share
+        return f"{left:.0f}s"
