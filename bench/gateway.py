@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from console.client import metric_sums
 from tests.daemon_process import DaemonProcess
 
 RESULTS = Path(__file__).parent / "results"
@@ -81,10 +82,7 @@ async def _load(port: int, token: str, requests: int, concurrency: int) -> dict[
 
 
 def _events_written(d: DaemonProcess) -> float:
-    for line in d.get("/metrics").text.splitlines():
-        if line.startswith("agentd_trace_events_written "):
-            return float(line.split()[1])
-    return 0.0
+    return metric_sums(d.get("/metrics").text).get("agentd_trace_events_written_total", 0.0)
 
 
 def main(argv: list[str] | None = None) -> int:

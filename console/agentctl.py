@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from console import render
-from console.client import DEFAULT_TIMEOUT_S, AgentdClient, ClientError, api, scalar_metrics
+from console.client import DEFAULT_TIMEOUT_S, AgentdClient, ClientError, api, metric_sums
 from console.client import trace_pages as _trace_pages
 from console.policy_cmd import add_policy_parser
 from console.tui import add_tui_parser
@@ -45,7 +45,7 @@ def cmd_status(c: AgentdClient, a: argparse.Namespace) -> int:
     workers = c.call(api.workers())["data"]
     counts = {s: int(c.call(api.programs(status=s, limit=1))["total"])
               for s in render.PROGRAM_STATUSES}
-    metrics = scalar_metrics(c.call(api.metrics()))
+    metrics = metric_sums(c.call(api.metrics()))
     if a.json:
         _dump({"url": c.url, "health": health, "workers": workers,
                "programs_by_status": counts, "metrics": metrics})

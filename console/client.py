@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 DEFAULT_URL = "http://127.0.0.1:8420"
 DEFAULT_TIMEOUT_S = 30.0
@@ -239,17 +240,21 @@ def _seg(value: str) -> str:
     return quote(value, safe="")
 
 
-def scalar_metrics(text: str) -> dict[str, float]:
-    """Unlabelled samples of a Prometheus exposition, by name."""
+MetricSample = tuple[str, dict[str, str], float]
+
+
+def metric_samples(text: str) -> list[MetricSample]:
+    """Every sample of a /metrics page as (name, labels, value): prometheus_client's parser,
+    the one the consoles use. A counter's samples carry their `_total` name."""
+    return [(s.name, dict(s.labels), s.value)
+            for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def metric_sums(text: str) -> dict[str, float]:
+    """Each counter's or gauge's sum over its label sets (tokens over every worker, say)."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#") or "{" in line:
-            continue
-        name, _, value = line.partition(" ")
-        try:
-            out[name] = float(value)
-        except ValueError:
-            continue
+    for name, _, value in metric_samples(text):
+        out[name] = out.get(name, 0.0) + value
     return out
 
 

@@ -151,9 +151,10 @@ def status_view(url: str, health: dict[str, Any], workers: list[dict[str, Any]],
         m = {k: int(v) for k, v in metrics.items()}
         lines.append(
             f"requests: {m.get('agentd_requests_total', 0)} total, "
-            f"{m.get('agentd_requests_failed', 0)} failed, {m.get('agentd_failovers', 0)} "
-            f"failovers   tokens: {m.get('vllm:prompt_tokens', 0)} prompt, "
-            f"{m.get('vllm:generation_tokens', 0)} generated")
+            f"{m.get('agentd_requests_failed_total', 0)} failed, "
+            f"{m.get('agentd_failovers_total', 0)} failovers   "
+            f"tokens: {m.get('vllm:prompt_tokens_total', 0)} prompt, "
+            f"{m.get('vllm:generation_tokens_total', 0)} generated")
     return "\n".join(lines)
 
 

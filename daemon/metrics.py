@@ -1,83 +1,108 @@
-"""Prometheus text exposition without a client library: a few gauges, counters, histograms."""
+"""/metrics through prometheus_client: one registry per daemon, parts add their collectors.
+
+Each daemon (a test may run two in one process) owns a `DaemonMetrics`; a part that has
+numbers to show adds a function yielding metric families (prometheus_client's custom
+collector interface) or registers prometheus_client Histogram/Counter objects in its
+`registry`. Nothing here is module-global, and the text format is prometheus_client's.
+"""
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
-# vLLM's own TTFT / e2e buckets (seconds), so dashboards built for vLLM read ours.
-LATENCY_BUCKETS = (
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# vLLM's own buckets (vllm/v1/metrics/buckets.py), so dashboards built for vLLM read ours.
+TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)
+INTER_TOKEN_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )
+REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)
+
+Families = Callable[[], Iterable[Metric]]
 
 
-class Histogram:
-    def __init__(self, buckets: tuple[float, ...] = LATENCY_BUCKETS) -> None:
-        self.buckets = buckets
-        self.counts = [0] * (len(buckets) + 1)
-        self.total = 0.0
-        self.n = 0
+class FunctionCollector(Collector):
+    """A function yielding metric families, as a prometheus_client collector."""
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.total += value
-        self.n += 1
+    def __init__(self, collect: Families) -> None:
+        self._collect = collect
 
-    def lines(self, name: str, labels: str = "") -> Iterable[str]:
-        sep = "," if labels else ""
-        running = 0
-        for bound, count in zip(self.buckets, self.counts, strict=False):
-            running += count
-            yield f'{name}_bucket{{{labels}{sep}le="{bound}"}} {running}'
-        yield f'{name}_bucket{{{labels}{sep}le="+Inf"}} {self.n}'
-        suffix = f"{{{labels}}}" if labels else ""
-        yield f"{name}_sum{suffix} {self.total}"
-        yield f"{name}_count{suffix} {self.n}"
+    def collect(self) -> Iterable[Metric]:
+        return self._collect()
 
 
-Collector = Callable[["Exposition"], None]
-_COLLECTORS: list[Collector] = []
-
-
-def add_collector(collect: Collector) -> Callable[[], None]:
-    """Have `collect(out)` add its families to every /metrics page (as prometheus_client's
-    registry does), so a part of the daemon owns its metrics; returns the remover."""
-    _COLLECTORS.append(collect)
-
-    def remove() -> None:
-        if collect in _COLLECTORS:
-            _COLLECTORS.remove(collect)
-
-    return remove
-
-
-class Exposition:
-    """Collects metric families in order and renders them once, registered collectors last."""
+class DaemonMetrics:
+    """One daemon's registry: what its /metrics serves."""
 
     def __init__(self) -> None:
-        self._lines: list[str] = []
+        self.registry = CollectorRegistry()
 
-    def family(self, name: str, kind: str, help_text: str) -> None:
-        self._lines.append(f"# HELP {name} {help_text}")
-        self._lines.append(f"# TYPE {name} {kind}")
+    def add(self, collect: Families) -> Callable[[], None]:
+        """Have `collect()`'s families on every scrape; returns the remover."""
+        collector = FunctionCollector(collect)
+        self.registry.register(collector)
 
-    def sample(self, name: str, value: float, **labels: str) -> None:
-        if labels:
-            inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
-            self._lines.append(f"{name}{{{inner}}} {value}")
-        else:
-            self._lines.append(f"{name} {value}")
+        def remove() -> None:
+            with contextlib.suppress(KeyError):  # removed already
+                self.registry.unregister(collector)
 
-    def histogram(self, name: str, help_text: str, hist: Histogram) -> None:
-        self.family(name, "histogram", help_text)
-        self._lines.extend(hist.lines(name))
+        return remove
 
-    def render(self) -> str:
-        for collect in list(_COLLECTORS):
-            collect(self)
-        return "\n".join(self._lines) + "\n"
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+# --- building families ----------------------------------------------------------------
+# prometheus_client's family classes take a counter's name without `_total` and add it to
+# the sample; these helpers take the name as scraped, so a grep for it finds the code.
+
+
+def gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, help_text, value=value)
+
+
+def counter(name: str, help_text: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(_counter_name(name), help_text, value=value)
+
+
+def labelled_gauge(name: str, help_text: str, labels: Sequence[str],
+                   rows: Iterable[tuple[Sequence[str], float]]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, help_text, labels=labels)
+    for values, value in rows:
+        family.add_metric(values, value)
+    return family
+
+
+def labelled_counter(name: str, help_text: str, labels: Sequence[str],
+                     rows: Iterable[tuple[Sequence[str], float]]) -> CounterMetricFamily:
+    family = CounterMetricFamily(_counter_name(name), help_text, labels=labels)
+    for values, value in rows:
+        family.add_metric(values, value)
+    return family
+
+
+def histogram(name: str, help_text: str, cumulative: Mapping[str, float],
+              sum_value: float) -> HistogramMetricFamily:
+    """`cumulative`: upper bound ("+Inf" last) -> observations at or below it."""
+    return HistogramMetricFamily(name, help_text, buckets=list(cumulative.items()),
+                                 sum_value=sum_value)
+
+
+def _counter_name(name: str) -> str:
+    if not name.endswith("_total"):
+        raise ValueError(f"counter {name} must end in _total")
+    return name.removesuffix("_total")

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import zmq
 
+from console.client import metric_samples
 from daemon.workers import curve as worker_curve
 from daemon.workers import protocol
 from daemon.workers.key import key_path
@@ -74,11 +75,9 @@ def serves(d: DaemonProcess) -> bool:
 
 def metric(d: DaemonProcess, name: str, **labels: str) -> float:
     """One sample from /metrics; 0 when the daemon has not exposed it (yet)."""
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    sample = f"{name}{{{want}}}" if want else name
-    for line in d.get("/metrics").text.splitlines():
-        if line.startswith(sample + " "):
-            return float(line.rsplit(" ", 1)[1])
+    for sample, have, value in metric_samples(d.get("/metrics").text):
+        if sample == name and have == labels:
+            return value
     return 0.0
 
 

@@ -9,10 +9,11 @@ the UI judges nothing itself. Pure: the caller feeds the samples.
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+
+from console.client import MetricSample, metric_samples
 
 WINDOW_S = 300.0  # what a chart shows at most
 MIN_WINDOW_S = 60.0  # ...and at least, so a young history is not squeezed to the right
@@ -20,27 +21,7 @@ KEEP_S = 900.0  # what the history holds
 MIN_INTERVAL_S = 0.9  # viewers share samples: at most one per second
 CHART_W, CHART_H = 300, 80
 
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{.*\})?\s+(\S+)$")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """Prometheus text exposition -> (name, labels, value) for every sample line."""
-    out = []
-    for line in text.splitlines():
-        m = _SAMPLE.match(line.strip())
-        if m is None or line.startswith("#"):
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        out.append((m.group(1), dict(_LABEL.findall(m.group(2) or "")), value))
-    return out
-
-
-def metric(samples: list[tuple[str, dict[str, str], float]], name: str,
-           **labels: str) -> float:
+def metric(samples: list[MetricSample], name: str, **labels: str) -> float:
     """The sum of `name` over every sample whose labels include `labels`."""
     return sum(v for n, lab, v in samples
                if n == name and all(lab.get(k) == want for k, want in labels.items()))
@@ -60,10 +41,10 @@ class Sample:
 def sample_of(ts: float, metrics_text: str, workers: list[dict[str, Any]],
               scheduling: dict[str, Any]) -> Sample:
     """One sample from /metrics, the overview's worker rows and GET /v1/scheduling."""
-    s = parse_metrics(metrics_text)
+    s = metric_samples(metrics_text)
     return Sample(
         ts=ts,
-        generated_tokens=metric(s, "vllm:generation_tokens"),
+        generated_tokens=metric(s, "vllm:generation_tokens_total"),
         finished_requests=metric(s, "vllm:e2e_request_latency_seconds_count"),
         good_requests=float((scheduling.get("counters") or {}).get("met", 0)),
         kv_used=sum(float(w.get("kv_used") or 0) for w in workers),

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from console.client import AsyncAgentdClient, Call, Json, api, scalar_metrics
+from console.client import AsyncAgentdClient, Call, Json, api, metric_sums
 
 PROGRAM_LIMIT = 500
 SESSION_LIMIT = 500
@@ -84,7 +84,7 @@ class Poller:
             await self._fetch_slow(policies)
             self._slow_at = now
         return Snapshot(health, workers, programs["data"], int(programs["total"]), now,
-                        scalar_metrics(text), slo, policies, self._tools, self._policy_events)
+                        metric_sums(text), slo, policies, self._tools, self._policy_events)
 
     async def _fetch_slow(self, policies: list[dict[str, Any]]) -> None:
         self._tools = (await self.client.call(api.tools()))["data"]

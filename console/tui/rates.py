@@ -15,7 +15,7 @@ from typing import Any
 from console.tui.data import Snapshot
 
 HISTORY = 120
-GENERATED = "vllm:generation_tokens"
+GENERATED = "vllm:generation_tokens_total"  # summed over workers (metric_sums)
 
 
 def slo_met(snap: Snapshot) -> float:

@@ -6,7 +6,7 @@ import time
 from typing import Annotated, Any
 
 import msgspec
-from litestar import Controller, MediaType, Request, Response, get, post
+from litestar import Controller, Request, Response, get, post
 from litestar.params import Parameter
 
 from daemon.access.auth import OPERATOR, PUBLIC, READ, SUBMIT, principal_of
@@ -15,7 +15,7 @@ from daemon.api.tenants import access_of
 from daemon.core import operations
 from daemon.core.core import Core
 from daemon.errors import ApiError
-from daemon.metrics import Exposition
+from daemon.metrics import CONTENT_TYPE
 from daemon.state import WorkerState
 from db import repositories as repo
 from db.session_search import SESSION_SORTS, SessionQuery, search_sessions
@@ -245,62 +245,11 @@ class OpsController(Controller):
                 "store_error": None if ok else _error_kind(core.writer.last_error)}
         return Response(body, status_code=200 if ok else 503)
 
-    @get("/metrics", media_type=MediaType.TEXT, opt={"scope": READ}, summary="Prometheus metrics")
-    async def metrics(self, core: Core) -> str:
-        return render_metrics(core)
+    @get("/metrics", media_type=CONTENT_TYPE, opt={"scope": READ}, summary="Prometheus metrics")
+    async def metrics(self, core: Core) -> bytes:
+        """prometheus_client's text format from this daemon's registry (daemon/metrics.py)."""
+        return core.metrics.render()
 
 
 def _error_kind(error: str | None) -> str:
     return f"{(error or '').partition(':')[0] or 'error'} (see the daemon's log)"
-
-
-def render_metrics(core: Core) -> str:
-    out = Exposition()
-    per_worker = [
-        ("vllm:num_requests_running", "gauge", "Requests running on the engine", "running"),
-        ("vllm:num_requests_waiting", "gauge", "Requests waiting in the engine", "waiting"),
-        ("vllm:prefix_cache_queries", "counter", "Prefix cache queries, in tokens",
-         "prefix_cache_queries"),
-        ("vllm:prefix_cache_hits", "counter", "Prefix cache hits, in tokens", "prefix_cache_hits"),
-        ("vllm:num_preemptions", "counter", "Preemptions by the engine", "preemptions"),
-    ]
-    for name, kind, help_text, field in per_worker:
-        out.family(name, kind, help_text)
-        for w in core.workers.values():
-            if w.stats is not None:
-                out.sample(name, getattr(w.stats, field), worker=w.id, engine=w.engine,
-                           model_name=w.model)
-    out.family("vllm:kv_cache_usage_perc", "gauge", "KV cache usage, 0-1")
-    for w in core.workers.values():
-        if w.stats is not None and w.stats.kv_capacity_tokens:
-            out.sample("vllm:kv_cache_usage_perc",
-                       w.stats.kv_used_tokens / w.stats.kv_capacity_tokens,
-                       worker=w.id, engine=w.engine, model_name=w.model)
-    out.histogram("vllm:time_to_first_token_seconds", "Time to first token, from queueing",
-                  core.latency["ttft"])
-    out.histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency",
-                  core.latency["e2e"])
-    out.histogram("agentd_queue_time_seconds", "Time in agentd's global queue",
-                  core.latency["queue"])
-    out.family("vllm:prompt_tokens", "counter", "Prompt tokens of finished requests")
-    out.sample("vllm:prompt_tokens", core.counters["prompt_tokens"])
-    out.family("vllm:generation_tokens", "counter", "Generated tokens of finished requests")
-    out.sample("vllm:generation_tokens", core.counters["generation_tokens"])
-    for key in ("requests_total", "requests_failed", "failovers"):
-        out.family(f"agentd_{key}", "counter", f"agentd {key.replace('_', ' ')}")
-        out.sample(f"agentd_{key}", core.counters[key])
-    out.family("agentd_programs", "gauge", "Live programs by status")
-    counts: dict[str, int] = dict.fromkeys(_STATUSES, 0)
-    for p in core.programs.values():
-        counts[p.status.value] += 1
-    for status, n in counts.items():
-        out.sample("agentd_programs", n, status=status)
-    out.family("agentd_workers", "gauge", "Workers by health")
-    for status in ("healthy", "suspect", "unhealthy", "gone"):
-        out.sample("agentd_workers", sum(w.status == status for w in core.workers.values()),
-                   status=status)
-    out.family("agentd_queue_length", "gauge", "Requests in the global queue")
-    out.sample("agentd_queue_length", len(core.queue))
-    out.family("agentd_trace_events_written", "counter", "Trace events committed to the store")
-    out.sample("agentd_trace_events_written", core.writer.events_written)
-    return out.render()

@@ -21,13 +21,14 @@ from daemon import lru
 from daemon.config import Config
 from daemon.core.dispatching import CoreLayers
 from daemon.core.expiry import ProgramExpiry
+from daemon.core.exposition import RequestMetrics, core_families
 from daemon.core.fit import refuse_unservable
 from daemon.core.lineage import Lineage
 from daemon.core.programs import ProgramLifecycle
 from daemon.core.worker_health import WorkerHealth
 from daemon.errors import CoreError
 from daemon.kv.loop import KvControl
-from daemon.metrics import Histogram, add_collector
+from daemon.metrics import DaemonMetrics
 from daemon.slo.exposition import slo_families
 from daemon.slo.llm import LlmCaller
 from daemon.slo.settings import parse_settings
@@ -86,7 +87,6 @@ class Core(ProgramLifecycle, WorkerHealth):
         self._tasks: list[asyncio.Task[None]] = []
         self._accepting = True
         self._pumping = False
-        self._remove_metrics: list[Callable[[], None]] = []
         self.worker_key = ""  # read at start: the file may be created then
         self.watch = ProgressWatch(config.request_stall_timeout_s,
                                    config.request_progress_timeout_s)
@@ -116,9 +116,15 @@ class Core(ProgramLifecycle, WorkerHealth):
             "requests_total": 0, "requests_failed": 0, "failovers": 0,
             "prompt_tokens": 0, "generation_tokens": 0, "cached_tokens": 0,
         }
-        self.latency: dict[str, Histogram] = {
-            "ttft": Histogram(), "e2e": Histogram(), "queue": Histogram(),
-        }
+        # This daemon's /metrics (daemon/metrics.py): its own registry, so two daemons in
+        # one process (tests) share nothing; parts such as the tool service add theirs.
+        self.metrics = DaemonMetrics()
+        self.request_metrics = RequestMetrics(self.metrics)
+        self.metrics.add(lambda: core_families(self))
+        self.metrics.add(lambda: slo_families(self.slo))
+        self.metrics.add(self.tallies.families)
+        if isinstance(self.broker, Broker):
+            self.metrics.add(self.broker.families)
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -130,8 +136,6 @@ class Core(ProgramLifecycle, WorkerHealth):
         self._tasks.append(asyncio.create_task(self._health_loop(), name="worker-health"))
         self._tasks.append(asyncio.create_task(self._kv_loop(), name="kv-control"))
         self._tasks.append(asyncio.create_task(self.slo.run(), name="slo-control"))
-        self._remove_metrics = [add_collector(lambda out: slo_families(out, self.slo)),
-                                add_collector(self.tallies.families)]
 
     async def stop(self) -> None:
         self._accepting = False
@@ -140,8 +144,6 @@ class Core(ProgramLifecycle, WorkerHealth):
                 self.broker.send(w.identity, protocol.Shutdown())
         for task in self._tasks:
             task.cancel()
-        for remove in self._remove_metrics:
-            remove()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.broker.stop()
 
@@ -272,7 +274,7 @@ class Core(ProgramLifecycle, WorkerHealth):
             dispatched_at=req.dispatched_at,
         )
         if first_dispatch:
-            self.latency["queue"].observe(now - req.queued_at)
+            self.request_metrics.dispatched(worker, now - req.queued_at)
         self.writer.trace(
             "request.dispatched", session_id=req.session_id, program_id=req.program_id,
             request_id=req.id, worker_id=worker.id, failover=not first_dispatch,
@@ -316,7 +318,7 @@ class Core(ProgramLifecycle, WorkerHealth):
         self.watch.progressed(req.id, now)
         if req.first_token_at is None and msg.num_tokens > 0:
             req.first_token_at = now
-            self.latency["ttft"].observe(now - req.queued_at)
+            self.request_metrics.first_token(worker, now - req.queued_at)
             self.writer.update("requests", req.id, first_token_at=now)
             self.writer.trace(
                 "request.first_token", session_id=req.session_id, program_id=req.program_id,
@@ -383,7 +385,9 @@ class Core(ProgramLifecycle, WorkerHealth):
                 self.set_program_status(program, ProgramStatus.ACTING, "request ended")
                 self.kv.request_ended(program)
         if status == RequestStatus.FINISHED:
-            self.latency["e2e"].observe(now - req.queued_at)
+            served_by = self.workers.get(req.worker_id or "")
+            if served_by is not None:
+                self.request_metrics.finished(served_by, req, reason, now)
             self.counters["prompt_tokens"] += req.prompt_tokens
             self.counters["generation_tokens"] += req.output_tokens
             self.counters["cached_tokens"] += req.cached_tokens

@@ -7,53 +7,54 @@ stability agent's controls per worker."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from daemon.metrics import Exposition
+from prometheus_client.metrics_core import Metric
+
+from daemon.metrics import counter, gauge, labelled_counter, labelled_gauge
 
 if TYPE_CHECKING:
     from daemon.slo.stack import SloControl
 
 
-def slo_families(out: Exposition, slo: SloControl) -> None:
+def slo_families(slo: SloControl) -> Iterator[Metric]:
     st = slo.stats
-    out.family("agentd_slo_requests_total", "counter",
-               "Finished requests by whether they met both their TTFT and TPOT SLOs")
-    out.sample("agentd_slo_requests_total", st.met, outcome="met")
-    out.sample("agentd_slo_requests_total", st.completed - st.met, outcome="missed")
-    _counter(out, "agentd_slo_ttft_met", "Finished requests within their TTFT SLO", st.ttft_ok)
-    _counter(out, "agentd_slo_tpot_met", "Finished requests within their TPOT SLO", st.tpot_ok)
-    _counter(out, "agentd_slo_esg", "Expected Service Gain of finished requests", st.esg)
-    _counter(out, "agentd_slo_esg_max", "ESG had every finished request been on time",
-             st.esg_max)
-    _window(out, slo)
-    out.family("agentd_scheduling_policy", "gauge", "Active policy of each scheduling layer")
-    for layer, guard in slo.guards().items():
-        out.sample("agentd_scheduling_policy", 1, layer=layer, policy=guard.current.name,
-                   version=str(guard.current.version))
-    _counter(out, "agentd_ordering_switches", "Ordering policy switches by the meta loop",
-             st.switches)
-    _counter(out, "agentd_ordering_rollbacks", "Ordering policy rollbacks (guard or failure)",
-             st.rollbacks)
-    _counter(out, "agentd_meta_bypasses", "Emergency bypasses entered", st.bypasses)
-    out.family("agentd_meta_bypass_active", "gauge", "1 while the emergency bypass runs")
-    out.sample("agentd_meta_bypass_active", int(slo.bypass))
-    _counter(out, "agentd_admission_refusals", "Requests the admission policy held back",
-             st.refusals)
-    out.family("agentd_meta_llm_decisions_total", "counter",
-               "Decisions of the LLM meta selector by outcome (accepted: the model's answer; "
-               "any other: the rule map's, and why)")
-    for outcome, n in sorted(slo.llm.outcomes.items()):
-        out.sample("agentd_meta_llm_decisions_total", n, outcome=outcome)
-    _controls(out, slo)
+    yield labelled_counter(
+        "agentd_slo_requests_total",
+        "Finished requests by whether they met both their TTFT and TPOT SLOs",
+        ["outcome"], [(["met"], st.met), (["missed"], st.completed - st.met)])
+    yield counter("agentd_slo_ttft_met_total", "Finished requests within their TTFT SLO",
+                  st.ttft_ok)
+    yield counter("agentd_slo_tpot_met_total", "Finished requests within their TPOT SLO",
+                  st.tpot_ok)
+    yield counter("agentd_slo_esg_total", "Expected Service Gain of finished requests", st.esg)
+    yield counter("agentd_slo_esg_max_total", "ESG had every finished request been on time",
+                  st.esg_max)
+    yield from _window(slo)
+    yield labelled_gauge(
+        "agentd_scheduling_policy", "Active policy of each scheduling layer",
+        ["layer", "policy", "version"],
+        [([layer, guard.current.name, str(guard.current.version)], 1)
+         for layer, guard in slo.guards().items()])
+    yield counter("agentd_ordering_switches_total", "Ordering policy switches by the meta loop",
+                  st.switches)
+    yield counter("agentd_ordering_rollbacks_total",
+                  "Ordering policy rollbacks (guard or failure)", st.rollbacks)
+    yield counter("agentd_meta_bypasses_total", "Emergency bypasses entered", st.bypasses)
+    yield gauge("agentd_meta_bypass_active", "1 while the emergency bypass runs",
+                int(slo.bypass))
+    yield counter("agentd_admission_refusals_total", "Requests the admission policy held back",
+                  st.refusals)
+    yield labelled_counter(
+        "agentd_meta_llm_decisions_total",
+        "Decisions of the LLM meta selector by outcome (accepted: the model's answer; "
+        "any other: the rule map's, and why)",
+        ["outcome"], [([outcome], n) for outcome, n in sorted(slo.llm.outcomes.items())])
+    yield from _controls(slo)
 
 
-def _counter(out: Exposition, name: str, help_text: str, value: float) -> None:
-    out.family(f"{name}_total", "counter", help_text)
-    out.sample(f"{name}_total", value)
-
-
-def _window(out: Exposition, slo: SloControl) -> None:
+def _window(slo: SloControl) -> Iterator[Metric]:
     v = slo.window(time.time())  # built off the loop by the meta tick
     window = f"over the last {v.window_s:.0f}s"
     for name, help_text, value in (
@@ -66,11 +67,10 @@ def _window(out: Exposition, slo: SloControl) -> None:
          1 - v.tpot_violation_rate),
         ("agentd_slo_esg_ratio", "ESG over its maximum", v.esg_ratio),
     ):
-        out.family(name, "gauge", f"{help_text}, {window}")
-        out.sample(name, round(value, 6))
+        yield gauge(name, f"{help_text}, {window}", round(value, 6))
 
 
-def _controls(out: Exposition, slo: SloControl) -> None:
+def _controls(slo: SloControl) -> Iterator[Metric]:
     rows = (
         ("agentd_admission_n_run", "Running-request cap N_run per worker", "n_run"),
         ("agentd_admission_token_budget",
@@ -78,10 +78,9 @@ def _controls(out: Exposition, slo: SloControl) -> None:
          "token_budget"),
     )
     for name, help_text, attr in rows:
-        out.family(name, "gauge", help_text)
-        for worker, c in slo.controls.items():
-            out.sample(name, getattr(c, attr), worker=worker)
-    out.family("agentd_admission_reserved_tokens", "gauge",
-               "KV tokens the fence reserves for running requests per worker")
-    for worker in slo.controls:
-        out.sample("agentd_admission_reserved_tokens", slo.fence.reserved(worker), worker=worker)
+        yield labelled_gauge(name, help_text, ["worker"],
+                             [([worker], getattr(c, attr)) for worker, c in slo.controls.items()])
+    yield labelled_gauge(
+        "agentd_admission_reserved_tokens",
+        "KV tokens the fence reserves for running requests per worker", ["worker"],
+        [([worker], slo.fence.reserved(worker)) for worker in slo.controls])

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
-from daemon.metrics import Exposition
+from prometheus_client.metrics_core import Metric
+
+from daemon.metrics import gauge, histogram, labelled_counter, labelled_gauge
 
 _HISTOGRAMS = (
     ("agentd_tool_prepare_seconds", "prepare_seconds",
@@ -21,38 +24,32 @@ _COUNTERS = (
 )
 
 
-def write(out: Exposition, counters: dict[str, Any], usage: dict[str, Any] | None,
-          backends: list[str]) -> None:
+def families(counters: dict[str, Any], usage: dict[str, Any] | None,
+             backends: list[str]) -> Iterator[Metric]:
     """`counters` from `ToolMetrics.snapshot()`; `usage` from `ToolManager.usage()`, None
     before the first one is known (those families are then left out, not reported as 0)."""
     for name, key, label, help_text in _COUNTERS:
-        out.family(name, "counter", help_text)
-        for value, n in sorted(counters[key].items()):
-            out.sample(name, n, **{label: value})
+        yield labelled_counter(name, help_text, [label],
+                               [([value], n) for value, n in sorted(counters[key].items())])
     for name, key, help_text in _HISTOGRAMS:
-        _histogram(out, name, help_text, counters[key])
+        snap = counters[key]
+        cumulative = {"+Inf" if bound == "inf" else bound: count
+                      for bound, count in snap["buckets"].items()}
+        yield histogram(name, help_text, cumulative, snap["sum"])
     if usage is not None:
-        _usage(out, usage, backends)
+        yield from _usage(usage, backends)
 
 
-def _usage(out: Exposition, usage: dict[str, Any], backends: list[str]) -> None:
-    out.family("agentd_tool_resources", "gauge", "Tool resources held, by kind and state")
-    for row in usage["resources"]:
-        out.sample("agentd_tool_resources", row["count"], backend=row["backend"],
-                   resource=row["resource"], state=row["state"] or "unknown")
-    out.family("agentd_tool_disk_bytes", "gauge", "Disk used by tool containers and volumes")
-    out.sample("agentd_tool_disk_bytes", usage["disk_bytes"])
-    out.family("agentd_tool_programs", "gauge", "Programs holding tool resources")
-    out.sample("agentd_tool_programs", usage["programs_holding"])
-    out.family("agentd_tool_backend_up", "gauge", "Whether a tool backend's engine answers")
-    for backend in backends:
-        out.sample("agentd_tool_backend_up", int(backend not in usage["backends_down"]),
-                   backend=backend)
-
-
-def _histogram(out: Exposition, name: str, help_text: str, snap: dict[str, Any]) -> None:
-    out.family(name, "histogram", help_text)
-    for bound, count in snap["buckets"].items():
-        out.sample(f"{name}_bucket", count, le="+Inf" if bound == "inf" else bound)
-    out.sample(f"{name}_sum", snap["sum"])
-    out.sample(f"{name}_count", snap["count"])
+def _usage(usage: dict[str, Any], backends: list[str]) -> Iterator[Metric]:
+    yield labelled_gauge(
+        "agentd_tool_resources", "Tool resources held, by kind and state",
+        ["backend", "resource", "state"],
+        [([row["backend"], row["resource"], row["state"] or "unknown"], row["count"])
+         for row in usage["resources"]])
+    yield gauge("agentd_tool_disk_bytes", "Disk used by tool containers and volumes",
+                usage["disk_bytes"])
+    yield gauge("agentd_tool_programs", "Programs holding tool resources",
+                usage["programs_holding"])
+    yield labelled_gauge(
+        "agentd_tool_backend_up", "Whether a tool backend's engine answers", ["backend"],
+        [([backend], int(backend not in usage["backends_down"])) for backend in backends])

@@ -19,14 +19,15 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.metrics_core import Metric
+
 from daemon.config import Config
 from daemon.core.core import Core
-from daemon.metrics import Exposition, add_collector
 from daemon.state import ProgramState, ProgramStatus
 from daemon.toolsvc import metrics as tool_metrics
 from scheduling.kv.plan import restore_order
@@ -103,7 +104,7 @@ class ToolService:
         self._usage: dict[str, Any] | None = None
         self._usage_at: float | None = None
         self._refreshing: asyncio.Task[None] | None = None
-        self._remove_collector = add_collector(self._collect)
+        self._remove_collector = core.metrics.add(self._collect)
         core.on_program_end.append(self._program_ended)
         core.on_program_waiting.append(self._program_waiting)
 
@@ -284,14 +285,14 @@ class ToolService:
                 "tool_running": view.tool_running, "tool_last_s": view.tool_last_s,
                 "tool_ended_at": view.tool_ended_at, "tool_time_mean_s": view.tool_time_mean_s}
 
-    def _collect(self, out: Exposition) -> None:
+    def _collect(self) -> Iterator[Metric]:
         """`agentd_tool_*` on /metrics. What the engines hold comes from a `df`, which walks
         the disk: it is refreshed in the background when older than USAGE_MAX_AGE_S, and a
         scrape reports the last one."""
         if self._usage_at is None or time.monotonic() - self._usage_at > USAGE_MAX_AGE_S:
             self._refresh_usage()
-        tool_metrics.write(out, self.manager.counters.snapshot(), self._usage,
-                           self.manager.backends)
+        return tool_metrics.families(self.manager.counters.snapshot(), self._usage,
+                                     self.manager.backends)
 
     def _refresh_usage(self) -> None:
         if self._refreshing is None or self._refreshing.done():

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
 import zmq
 import zmq.asyncio
+from prometheus_client.metrics_core import Metric
 from zmq.utils.monitor import parse_monitor_message
 
-from daemon.metrics import add_collector
 from daemon.workers import curve as worker_curve
 from daemon.workers import protocol
 from daemon.workers.peers import (
@@ -77,7 +77,6 @@ class Broker:
         self._encrypt_ipc = False
         self.handshakes = worker_curve.HandshakeTally()
         self._monitor: zmq.asyncio.Socket | None = None
-        self._remove_metrics: list[Callable[[], None]] = []
 
     @property
     def encrypted(self) -> bool:
@@ -117,14 +116,19 @@ class Broker:
         if self.endpoint.endswith(":0"):
             self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._sock = sock
-        self._remove_metrics.append(add_collector(self.dropped.families))
         self._tasks.append(asyncio.create_task(self._recv_loop(), name="broker-recv"))
 
     def _watch_handshakes(self, sock: zmq.asyncio.Socket) -> None:
         # Set up before bind, so even the first connection's failure is seen.
         self._monitor = sock.get_monitor_socket(worker_curve.HANDSHAKE_FAILED_EVENTS)
         self._tasks.append(asyncio.create_task(self._monitor_loop(), name="broker-monitor"))
-        self._remove_metrics.append(add_collector(self.handshakes.families))
+
+    def families(self) -> Iterator[Metric]:
+        """What the socket dropped, and failed handshakes when it is encrypted (for the
+        daemon's registry, daemon/metrics.py)."""
+        yield from self.dropped.families()
+        if self._monitor is not None:
+            yield from self.handshakes.families()
 
     async def _monitor_loop(self) -> None:
         assert self._monitor is not None
@@ -138,8 +142,6 @@ class Broker:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for remove in self._remove_metrics:
-            remove()
         if self._monitor is not None and self._sock is not None:
             self._sock.disable_monitor()
             self._monitor.close(linger=0)

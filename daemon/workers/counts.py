@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import msgspec
+from prometheus_client.metrics_core import Metric
 
-from daemon.metrics import Exposition
+from daemon.metrics import labelled_counter
 from daemon.workers import protocol
 
 log = logging.getLogger("agentd.worker_counts")
@@ -90,6 +92,19 @@ def clean_stats(stats: protocol.WorkerStats) -> tuple[protocol.WorkerStats, list
     return protocol.WorkerStats(**values), problems
 
 
+def clean_residency(report: dict[str, protocol.ProgramResidency], capacity_tokens: int
+                    ) -> tuple[dict[str, protocol.ProgramResidency], list[str]]:
+    """The entries that make sense: 0 <= cached <= reachable <= context, and cached within
+    the worker's KV; the others are dropped (the daemon falls back to its estimate)."""
+    bad = [pid for pid, r in report.items()
+           if not 0 <= r.cached_tokens <= r.reachable_tokens <= r.context_tokens
+           or r.cached_tokens > capacity_tokens]
+    if not bad:
+        return report, []
+    return ({pid: r for pid, r in report.items() if pid not in bad},
+            [f"residency of {len(bad)} programs out of range (e.g. {bad[0][:64]!r})"])
+
+
 def register_problem(msg: protocol.Register) -> str | None:
     for name in ("kv_capacity_tokens", "block_size", "max_batch"):
         value = getattr(msg, name)
@@ -141,16 +156,15 @@ class ProtocolTallies:
         self._refusal_window = (started, logged + 1)
         return logged < _MAX_REFUSALS_LOGGED_PER_MIN
 
-    def families(self, out: Exposition) -> None:
-        out.family("agentd_worker_bad_counts_total", "counter",
-                   "Worker messages with impossible token counts (clamped)")
-        for worker_id, n in sorted(self.bad_counts.items()):
-            out.sample("agentd_worker_bad_counts_total", n, worker=worker_id)
-        out.family("agentd_request_stalls_total", "counter",
-                   "Requests moved off a live worker that made no progress on them")
-        for worker_id, n in sorted(self.stalls.items()):
-            out.sample("agentd_request_stalls_total", n, worker=worker_id)
-        out.family("agentd_worker_registrations_refused_total", "counter",
-                   "Worker registrations refused, by reason")
-        for reason, n in sorted(self.refused.items()):
-            out.sample("agentd_worker_registrations_refused_total", n, reason=reason)
+    def families(self) -> Iterator[Metric]:
+        yield labelled_counter(
+            "agentd_worker_bad_counts_total",
+            "Worker messages with impossible token counts (clamped)",
+            ["worker"], [([w], n) for w, n in sorted(self.bad_counts.items())])
+        yield labelled_counter(
+            "agentd_request_stalls_total",
+            "Requests moved off a live worker that made no progress on them",
+            ["worker"], [([w], n) for w, n in sorted(self.stalls.items())])
+        yield labelled_counter(
+            "agentd_worker_registrations_refused_total", "Worker registrations refused, by reason",
+            ["reason"], [([reason], n) for reason, n in sorted(self.refused.items())])

@@ -21,12 +21,14 @@ import hashlib
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import zmq
+from prometheus_client.metrics_core import Metric
 from zmq.utils import z85
 
-from daemon.metrics import Exposition
+from daemon.metrics import labelled_counter
 
 log = logging.getLogger("agentd.worker_curve")
 
@@ -103,8 +105,8 @@ class HandshakeTally:
                     endpoint, what, self.failed[reason])
         return True
 
-    def families(self, out: Exposition) -> None:
-        out.family("agentd_worker_handshakes_failed_total", "counter",
-                   "Connections to the worker socket that failed the CurveZMQ handshake")
-        for reason, n in sorted(self.failed.items()):
-            out.sample("agentd_worker_handshakes_failed_total", n, reason=reason)
+    def families(self) -> Iterator[Metric]:
+        yield labelled_counter(
+            "agentd_worker_handshakes_failed_total",
+            "Connections to the worker socket that failed the CurveZMQ handshake",
+            ["reason"], [([reason], n) for reason, n in sorted(self.failed.items())])

@@ -27,12 +27,14 @@ import itertools
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import zmq
 import zmq.asyncio
+from prometheus_client.metrics_core import Metric
 
-from daemon.metrics import Exposition
+from daemon.metrics import labelled_counter
 
 log = logging.getLogger("agentd.worker_peers")
 
@@ -124,8 +126,8 @@ class DroppedFrames:
                     what, identity[:64], detail[:200], self.dropped[reason])
         return True
 
-    def families(self, out: Exposition) -> None:
-        out.family("agentd_worker_frames_dropped_total", "counter",
-                   "Frames on the worker socket dropped before the core saw them, by reason")
-        for reason, n in sorted(self.dropped.items()):
-            out.sample("agentd_worker_frames_dropped_total", n, reason=reason)
+    def families(self) -> Iterator[Metric]:
+        yield labelled_counter(
+            "agentd_worker_frames_dropped_total",
+            "Frames on the worker socket dropped before the core saw them, by reason",
+            ["reason"], [([reason], n) for reason, n in sorted(self.dropped.items())])

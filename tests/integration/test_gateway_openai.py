@@ -6,6 +6,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from console.client import metric_sums
 from tests.daemon_process import DaemonProcess
 
 MODEL = "sim-llama3-8b"
@@ -119,11 +120,13 @@ def test_metrics_use_vllm_names(client, sim_daemon) -> None:  # type: ignore[no-
         model=MODEL, messages=[{"role": "user", "content": "count me"}], max_tokens=2)
     text = sim_daemon.get("/metrics").text
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
-                 "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries",
-                 "vllm:prefix_cache_hits", "vllm:num_preemptions",
+                 "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total",
+                 "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
                  "vllm:time_to_first_token_seconds_bucket", 'agentd_programs{status="ACTING"}'):
         assert name in text, name
-    assert "vllm:e2e_request_latency_seconds_count 1" in text
+    sums = metric_sums(text)
+    assert sums["vllm:e2e_request_latency_seconds_count"] == 1
+    assert sums["vllm:request_success_total"] == 1 and sums["vllm:generation_tokens_total"] == 2
 
 
 def test_openapi_schema_is_published(sim_daemon: DaemonProcess) -> None:

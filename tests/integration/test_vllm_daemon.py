@@ -168,7 +168,7 @@ def test_small_kv_cache_preempts(tmp_path: Path) -> None:
         for t in threads:
             t.join(120)
         metrics = d.get("/metrics").text
-        [line] = [m for m in metrics.splitlines() if m.startswith("vllm:num_preemptions{")]
+        [line] = [m for m in metrics.splitlines() if m.startswith("vllm:num_preemptions_total{")]
         assert float(line.split()[-1]) > 0
     finally:
         d.stop()

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from console.client import scalar_metrics
+from console.client import metric_sums
 from console.render import nbytes
 from console.trace_spans import Span, build_spans, slo_outcome
 from console.tui import add_tui_parser
@@ -143,7 +143,7 @@ def test_bars_scale_to_the_width() -> None:
 def snap(t: float, generated: float, met: float, **kw: Any) -> Snapshot:
     window = kw.get("window", {"seconds": 60.0, "completions": 0})
     return Snapshot({"status": "ok"}, kw.get("workers", []), [], 0, t,
-                    {"vllm:generation_tokens": generated},
+                    {"vllm:generation_tokens_total": generated},
                     {"counters": {"completed": met + 1, "met": met}, "window": window},
                     policy_events=kw.get("events", []))
 
@@ -191,9 +191,9 @@ def test_sorts_put_missing_values_last() -> None:
 
 
 def test_metric_parsing_and_sizes() -> None:
-    text = ('# TYPE x histogram\nx_bucket{le="0.5"} 3\nx_count 7\n'
-            'x_bucket{worker="a",le="0.5"} 99\n')
-    assert scalar_metrics(text) == {"x_count": 7.0}  # labelled samples are not scalars
+    text = ('# TYPE t_total counter\nt_total{worker="a"} 3\nt_total{worker="b"} 4\n'
+            '# TYPE g gauge\ng 2.5\n')
+    assert metric_sums(text) == {"t_total": 7.0, "g": 2.5}  # a counter over every worker
     assert [nbytes(v) for v in (None, 512, 1536, 5 * 2**30)] == [
         "-", "512 B", "1.5 KiB", "5.0 GiB"]
 

@@ -179,7 +179,9 @@ def with_source(v: dict[str, Any], request: httpx.Request) -> dict[str, Any]:
 
 
 def metrics_text(generated: float, good: float) -> str:
-    return f"vllm:generation_tokens {generated}\nagentd_requests_total {good + 3}\n"
+    return ("# TYPE vllm:generation_tokens_total counter\n"
+            f'vllm:generation_tokens_total{{model_name="m",worker="w0"}} {generated}\n'
+            f"# TYPE agentd_requests_total counter\nagentd_requests_total {good + 3}\n")
 
 
 def scheduling(met: float) -> dict[str, Any]:

@@ -6,8 +6,9 @@ import difflib
 
 import pytest
 
+from console.client import metric_samples
 from console.trace_spans import build_spans
-from webui.charts import History, Sample, parse_metrics, sample_of
+from webui.charts import History, Sample, sample_of
 from webui.diffview import side_by_side
 from webui.futuregraph import NODE_W, futures_of
 from webui.futuregraph import layout as graph
@@ -158,19 +159,23 @@ def test_side_by_side_pairs_changed_lines() -> None:
         ("change", "x", "z"), ("del", "-- y", "")]
 
 
-METRICS = """# HELP vllm:generation_tokens Generated tokens
-# TYPE vllm:generation_tokens counter
-vllm:generation_tokens 100
-vllm:time_to_first_token_seconds_bucket{le="0.5"} 3
-vllm:time_to_first_token_seconds_bucket{le="1.0"} 5
-vllm:e2e_request_latency_seconds_count 5
+METRICS = """# HELP vllm:generation_tokens_total Generated tokens
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{model_name="m",worker="w0"} 60.0
+vllm:generation_tokens_total{model_name="m",worker="w1"} 40.0
+# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_bucket{le="0.5"} 3.0
+vllm:e2e_request_latency_seconds_bucket{le="+Inf"} 5.0
+vllm:e2e_request_latency_seconds_count 5.0
+vllm:e2e_request_latency_seconds_sum 2.0
+# TYPE vllm:kv_cache_usage_perc gauge
 vllm:kv_cache_usage_perc{worker="w\\"0",engine="sim"} 0.5
 """
 
 
 def test_metrics_parse_and_rates() -> None:
-    samples = parse_metrics(METRICS)
-    assert ("vllm:kv_cache_usage_perc", {"worker": 'w\\"0', "engine": "sim"}, 0.5) in samples
+    samples = metric_samples(METRICS)
+    assert ("vllm:kv_cache_usage_perc", {"worker": 'w"0', "engine": "sim"}, 0.5) in samples
     window = {"seconds": 60.0, "completions": 5, "goodput_rps": 0.0667,
               "slo_attainment": 0.8}
     s = sample_of(10.0, METRICS, [{"kv_used": 50, "kv_capacity": 200},

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from daemon.metrics import Exposition
-from daemon.toolsvc.metrics import write
+from daemon.metrics import DaemonMetrics
+from daemon.toolsvc.metrics import families
 from tools.metrics import ToolMetrics
 
 _SAMPLE = re.compile(r"^([a-z_:]+)(\{[^}]*\})? (\S+)$")
@@ -37,9 +37,9 @@ def test_tool_metrics_render_every_family() -> None:
                       {"backend": "docker", "resource": "volume", "state": "", "count": 1}],
         "disk_bytes": 4096, "programs_holding": 2, "backends_down": ["process"],
     }
-    out = Exposition()
-    write(out, counters.snapshot(), usage, ["docker", "process"])
-    text = out.render()
+    metrics = DaemonMetrics()
+    metrics.add(lambda: families(counters.snapshot(), usage, ["docker", "process"]))
+    text = metrics.render().decode()
     m = parse(text)
     assert m['agentd_tool_resources{backend="docker",resource="container",state="running"}'] == 2
     assert m['agentd_tool_resources{backend="docker",resource="volume",state="unknown"}'] == 1
@@ -59,8 +59,8 @@ def test_tool_metrics_render_every_family() -> None:
 
 
 def test_usage_families_wait_for_the_first_reading() -> None:
-    out = Exposition()
-    write(out, ToolMetrics().snapshot(), None, ["docker"])
-    text = out.render()
+    metrics = DaemonMetrics()
+    metrics.add(lambda: families(ToolMetrics().snapshot(), None, ["docker"]))
+    text = metrics.render().decode()
     assert "agentd_tool_exec_seconds_count 0" in text
     assert "agentd_tool_disk_bytes" not in text and "agentd_tool_backend_up" not in text

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from daemon.metrics import Exposition
+from daemon.metrics import DaemonMetrics
 from daemon.workers import protocol
 from daemon.workers.counts import (
     ProtocolTallies,
@@ -87,9 +87,9 @@ def test_tallies_log_once_count_always_and_render() -> None:
     assert logged == 19 and t.refused["key"] == 102
     assert t.refuse(b"late", "key", 61.0) is True
     t.stalls["w0"] += 2
-    text = Exposition()
-    t.families(text)
-    rendered = text.render()
+    metrics = DaemonMetrics()
+    metrics.add(t.families)
+    rendered = metrics.render().decode()
     assert 'agentd_worker_bad_counts_total{worker="w0"} 2' in rendered
     assert 'agentd_request_stalls_total{worker="w0"} 2' in rendered
     assert 'agentd_worker_registrations_refused_total{reason="key"} 103' in rendered

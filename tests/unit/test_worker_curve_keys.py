@@ -7,7 +7,7 @@ import logging
 import pytest
 import zmq
 
-from daemon.metrics import Exposition
+from daemon.metrics import DaemonMetrics
 from daemon.workers.curve import HandshakeTally, failure_reason, server_keys
 
 
@@ -40,8 +40,8 @@ def test_every_failure_is_counted_and_logged_once_a_minute(
         logged.append(tally.record("wrong_key", "tcp://x:1", now=60.5))
     assert logged == [True, False, False, False, True, True]
     assert len(caplog.records) == 3 and "(5 so far" in caplog.records[-1].getMessage()
-    out = Exposition()
-    tally.families(out)
-    text = out.render()
+    metrics = DaemonMetrics()
+    metrics.add(tally.families)
+    text = metrics.render().decode()
     assert 'agentd_worker_handshakes_failed_total{reason="wrong_key"} 5' in text
     assert 'agentd_worker_handshakes_failed_total{reason="plaintext"} 1' in text
