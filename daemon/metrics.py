@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-CONTENT_TYPE = CONTENT_TYPE_LATEST
+# What generate_latest writes (and every Prometheus reads): the classic text format.
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
 # vLLM's own buckets (vllm/v1/metrics/buckets.py), so dashboards built for vLLM read ours.
 TTFT_BUCKETS = (

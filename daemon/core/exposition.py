@@ -79,6 +79,9 @@ class RequestMetrics:
         self.generation_tokens = Counter(
             "vllm:generation_tokens", "Generated tokens of finished requests", WORKER_LABELS,
             registry=r)
+        self.cached_tokens = Counter(
+            "vllm:prompt_tokens_cached", "Prompt tokens of finished requests served from the "
+            "prefix cache", WORKER_LABELS, registry=r)
         self.success = Counter(
             "vllm:request_success", "Finished requests, by finish reason",
             (*WORKER_LABELS, "finished_reason"), registry=r)
@@ -97,6 +100,7 @@ class RequestMetrics:
                 (now - req.first_token_at) / (req.output_tokens - 1))
         self.prompt_tokens.labels(*labels).inc(req.prompt_tokens)
         self.generation_tokens.labels(*labels).inc(req.output_tokens)
+        self.cached_tokens.labels(*labels).inc(req.cached_tokens)
         self.success.labels(*labels, reason).inc()
 
 
@@ -130,8 +134,6 @@ def core_families(core: Core) -> Iterator[Metric]:
                   core.counters["requests_failed"])
     yield counter("agentd_failovers_total", "Requests moved to another worker after theirs "
                   "was lost", core.counters["failovers"])
-    yield counter("agentd_cached_tokens_total", "Prompt tokens of finished requests served "
-                  "from the prefix cache", core.counters["cached_tokens"])
     yield from _gauges(core)
 
 
