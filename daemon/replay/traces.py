@@ -13,6 +13,13 @@
 - ``tracelab`` JSONL: each session becomes one program; round prefix/appended tokens
   give prefix and new tokens, the round's tool latencies (summed: tools of one round
   run one after another) the tool time before the next round.
+- ``miniswe`` CSV (mini-swe-agent steps: ``session_id,step,created_unix_s,prompt_tokens,
+  completion_tokens,reasoning_tokens,cached_tokens,...``): each session becomes one program,
+  one step per LLM call, starting at its first call's stamp. A call generates its visible
+  and its reasoning tokens; its new prompt tokens are its prompt less the previous call's
+  prompt and visible completion, or, where the agent cut its history (negative), less what
+  the provider found cached. The tool time before a call is the gap between the two calls'
+  one-second stamps, which also holds the provider's latency: an upper bound.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from typing import Any
 
 from daemon.replay.workload import ProgramSpec, StepSpec
 
-FORMATS = ("programs", "mooncake", "azure", "tracelab")
+FORMATS = ("programs", "mooncake", "azure", "tracelab", "miniswe")
 
 
 class TraceError(ValueError):
@@ -126,11 +133,52 @@ def round_tool_s(row: dict[str, Any]) -> float:
     return sum(float(t.get("tool_wall_latency_ms") or 0.0) for t in row.get("tools", [])) / 1e3
 
 
+_MINISWE_FIELDS = ("step", "created_unix_s", "prompt_tokens", "completion_tokens",
+                   "reasoning_tokens", "cached_tokens")
+
+
+def load_miniswe(path: Path) -> list[ProgramSpec]:
+    sessions: dict[str, list[dict[str, int]]] = {}
+    with path.open(newline="") as fh:
+        for n, row in enumerate(csv.DictReader(fh), 2):
+            try:
+                values = {k: int(row[k] or 0) for k in _MINISWE_FIELDS}
+                sessions.setdefault(row["session_id"], []).append(values)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise TraceError(f"{path}:{n}: bad mini-swe-agent row {row!r}") from exc
+    if not sessions:
+        return []
+    start = min(r["created_unix_s"] for rows in sessions.values() for r in rows)
+    specs = [_miniswe_program(sid, sorted(rows, key=lambda r: r["step"]), start)
+             for sid, rows in sessions.items()]
+    return sorted(specs, key=lambda s: (s.arrival_s, s.program_id))
+
+
+def _miniswe_program(sid: str, rows: list[dict[str, int]], start: int) -> ProgramSpec:
+    steps: list[StepSpec] = []
+    prev: dict[str, int] | None = None
+    for r in rows:
+        prompt = max(1, r["prompt_tokens"])
+        output = max(1, r["completion_tokens"] + r["reasoning_tokens"])
+        if prev is None:
+            new, tool_s = prompt, 0.0
+        else:
+            new = prompt - prev["prompt_tokens"] - prev["completion_tokens"]
+            if new < 0:  # the agent cut its history: the provider's cache says what stayed
+                new = prompt - min(r["cached_tokens"], prompt)
+            tool_s = float(max(0, r["created_unix_s"] - prev["created_unix_s"]))
+        steps.append(StepSpec(prompt, output, min(new, prompt), tool_s))
+        prev = r
+    return ProgramSpec(f"swe-{sid}", float(rows[0]["created_unix_s"] - start), tuple(steps),
+                       tenant="miniswe", task="code_generation", meta={"session": sid})
+
+
 LOADERS: dict[str, Callable[[Path], list[ProgramSpec]]] = {
     "programs": load_programs,
     "mooncake": load_mooncake,
     "azure": load_azure,
     "tracelab": load_tracelab,
+    "miniswe": load_miniswe,
 }
 
 

@@ -73,3 +73,26 @@ def test_tracelab_session_becomes_program(tmp_path: Path) -> None:
     assert len(spec.steps) == 3
     assert spec.steps[0].tool_s == 0.0 and spec.steps[1].tool_s == pytest.approx(0.75)
     assert spec.steps[2].new_tokens == 200
+
+
+def test_miniswe_sessions_become_programs(tmp_path: Path) -> None:
+    f = tmp_path / "m.csv"
+    f.write_text(
+        "session_id,step,created_unix_s,prompt_tokens,completion_tokens,reasoning_tokens,"
+        "cached_tokens,obs_chars_after,obs_returncode,exit_status\n"
+        "s1,1,1010,2700,100,0,2000,45,0,Submitted\n"
+        "s1,0,1000,2000,200,150,0,1379,0,Submitted\n"
+        "s1,2,1014,1500,50,0,1200,10,0,Submitted\n"
+        "s2,0,1005,900,10,0,0,5,0,Submitted\n")
+    a, b = load_trace(f, "miniswe")
+    assert (a.program_id, a.arrival_s, b.program_id, b.arrival_s) == ("swe-s1", 0.0, "swe-s2", 5.0)
+    first, second, third = a.steps
+    # reasoning tokens are generated too; the first call's prompt is all new
+    assert (first.prompt_tokens, first.output_tokens, first.new_tokens) == (2000, 350, 2000)
+    # new = 2700 - 2000 - 200 visible; tool time = the stamps' gap
+    assert (second.new_tokens, second.tool_s) == (500, 10.0)
+    # the history was cut (1500 < 2700 + 100): what the provider had cached stayed
+    assert (third.new_tokens, third.tool_s) == (300, 4.0)
+    with pytest.raises(TraceError, match=r"m\.csv:2"):
+        f.write_text("session_id,step\nx,notanumber\n")
+        load_trace(f, "miniswe")
