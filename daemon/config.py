@@ -51,6 +51,10 @@ class Config:
     # (bench/kv.py ablation, on the replay before it ran the daemon's core: 30 s -> 1.10x
     # vllm-default at 256 programs, no limit -> 1.88x).
     kv_force_resume_s: float = 30.0
+    # Where a paused program's residency comes from: "events" (the engine's KV cache events
+    # where its worker reports them, else an estimate from token counts) | "estimate" (the
+    # estimate only: an ablation).
+    kv_residency: str = "events"
     # [kv_options]: the agentd policy's AgentdOptions (scheduling/kv/agentd.py), for tuning
     # and ablations (bench/kv.py); empty = as shipped.
     kv_options: dict[str, Any] = field(default_factory=dict)
@@ -206,6 +210,9 @@ def validate(cfg: Config) -> None:
     if cfg.kv_policy not in KV_POLICIES:
         raise ConfigError(
             f"kv_policy must be one of {', '.join(sorted(KV_POLICIES))}, got {cfg.kv_policy!r}")
+    if cfg.kv_residency not in ("events", "estimate"):
+        raise ConfigError(
+            f"kv_residency must be 'events' or 'estimate', got {cfg.kv_residency!r}")
     if cfg.kv_options:
         from scheduling.kv.registry import agentd_options
 

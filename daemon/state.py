@@ -16,6 +16,7 @@ from daemon.workers.protocol import (
     ChatMessage,
     Finish,
     MessageDelta,
+    ProgramResidency,
     SamplingParams,
     Segment,
     TokenLogprob,
@@ -69,6 +70,10 @@ class WorkerState:
     stats: WorkerStats | None = None
     inflight: set[str] = field(default_factory=set)
     tools: ToolSupport = field(default_factory=ToolSupport)  # what its engine does with tools
+    # Its heartbeats report programs' residency from the engine's KV cache events; the
+    # last report of each program it tracks (daemon/kv/residency.py reads them).
+    kv_events: bool = False
+    residency: dict[str, ProgramResidency] = field(default_factory=dict)
 
     @property
     def healthy(self) -> bool:

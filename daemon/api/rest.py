@@ -227,7 +227,8 @@ def _live(core: Core, row: dict[str, Any]) -> dict[str, Any]:
     if live is not None:
         row.update(status=live.status.value, worker_id=live.worker_id,
                    context_tokens=live.context_tokens, steps=live.steps,
-                   active_request=live.active_request, pinned=live.pinned, held=live.held)
+                   active_request=live.active_request, pinned=live.pinned, held=live.held,
+                   kv_residency=core.kv.residency_of(live))
     return row
 
 

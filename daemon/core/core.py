@@ -95,7 +95,8 @@ class Core(ProgramLifecycle, WorkerHealth):
         # (daemon/runtime/global_controller.py) sets this.
         self.control: Any = None
         self.kv = KvControl(self, config.kv_policy,
-                           KvConfig(force_resume_s=config.kv_force_resume_s), config.kv_options)
+                           KvConfig(force_resume_s=config.kv_force_resume_s), config.kv_options,
+                           config.kv_residency)
         settings = parse_settings(config.slo)
         self.slo = SloControl(self, settings,
                               LlmCaller(self, settings.llm, config.meta_interval_s))

@@ -14,7 +14,12 @@ from daemon.config import Config
 from daemon.state import RequestState, RequestStatus, WorkerState
 from daemon.workers import protocol
 from daemon.workers.broker import WorkerLink
-from daemon.workers.counts import ProtocolTallies, clean_stats, register_problem
+from daemon.workers.counts import (
+    ProtocolTallies,
+    clean_residency,
+    clean_stats,
+    register_problem,
+)
 from daemon.workers.key import key_matches
 from daemon.workers.watch import ProgressWatch, Stall
 from db.writer import BatchWriter
@@ -64,6 +69,12 @@ class WorkerHealth:
         if isinstance(msg, protocol.Heartbeat):
             worker.stats = self._checked(worker, "heartbeat", clean_stats(msg.stats))
             self.watch.engine_steps(worker.id, worker.stats.steps, worker.last_seen)
+            if worker.kv_events and (msg.residency or msg.residency_dropped):
+                worker.residency.update(self._checked(
+                    worker, "heartbeat", clean_residency(msg.residency,
+                                                         worker.kv_capacity_tokens)))
+                for program_id in msg.residency_dropped:
+                    worker.residency.pop(program_id, None)
         elif isinstance(msg, protocol.TokenDelta):
             self._on_delta(worker, msg)
         elif isinstance(msg, protocol.Finish):
@@ -105,7 +116,7 @@ class WorkerHealth:
             id=msg.worker_id, identity=identity, engine=msg.engine, model=msg.model,
             kv_capacity_tokens=msg.kv_capacity_tokens, block_size=msg.block_size,
             max_batch=msg.max_batch, pid=msg.pid, host=msg.host, registered_at=now,
-            last_seen=now, tools=msg.tools,
+            last_seen=now, tools=msg.tools, kv_events=msg.kv_events,
         )
         self.workers[worker.id] = worker
         self.watch.registered(worker.id, now)

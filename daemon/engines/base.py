@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from daemon.workers.protocol import Finish, Submit, TokenDelta, ToolSupport, WorkerStats
+from daemon.workers.protocol import (
+    Finish,
+    ProgramResidency,
+    Submit,
+    TokenDelta,
+    ToolSupport,
+    WorkerStats,
+)
 
 
 class Engine(Protocol):
@@ -13,8 +20,12 @@ class Engine(Protocol):
 
     `start` is awaited once before registration. `generate` is called once per
     submitted request; it yields token deltas and ends with exactly one Finish
-    (also when aborted or failed: reason "abort" / "error"). `stats` is called
-    for every heartbeat and must not block.
+    (also when aborted or failed: reason "abort" / "error"). `stats` and
+    `residency_report` are called for every heartbeat and must not block.
+
+    An engine that publishes KV cache events (`kv_events`) reports from them which of each
+    program's context is still cached (daemon/engines/kv_events.py): what changed since the
+    last report, or everything it tracks, and the programs it no longer tracks.
     """
 
     engine: str  # "vllm" | "sim"
@@ -23,6 +34,7 @@ class Engine(Protocol):
     block_size: int
     max_batch: int
     tools: ToolSupport  # read at registration, after `start`
+    kv_events: bool  # read at registration, after `start`
 
     async def start(self) -> None: ...
 
@@ -31,5 +43,8 @@ class Engine(Protocol):
     async def abort(self, request_id: str) -> None: ...
 
     def stats(self) -> WorkerStats: ...
+
+    def residency_report(self, everything: bool
+                         ) -> tuple[dict[str, ProgramResidency], list[str]]: ...
 
     async def shutdown(self) -> None: ...

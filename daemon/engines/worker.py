@@ -133,6 +133,7 @@ class WorkerRuntime:
             host=socket.gethostname(),
             key=self.key,
             tools=self.engine.tools,
+            kv_events=self.engine.kv_events,
         )
         await sock.send(protocol.encode(reg))
         msg = await self._await_ack(sock)
@@ -198,10 +199,13 @@ class WorkerRuntime:
             await self._sock.send(protocol.encode(message))
 
     async def _heartbeat_loop(self) -> None:
+        everything = True  # a daemon that (re)registered us knows no residency yet
         while True:
-            await self._send(
-                protocol.Heartbeat(worker_id=self.worker_id, stats=self.engine.stats())
-            )
+            residency, dropped = self.engine.residency_report(everything)
+            everything = False
+            await self._send(protocol.Heartbeat(
+                worker_id=self.worker_id, stats=self.engine.stats(), residency=residency,
+                residency_dropped=dropped))
             await asyncio.sleep(self._heartbeat_interval)
 
     async def _run_request(self, submit: Submit) -> None:

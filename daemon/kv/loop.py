@@ -9,8 +9,8 @@ Tools agentd runs for a program (see scheduling/kv/tool_clock.py) feed the view:
 runs the program is ACTING from the tool's start, and measured tool durations replace
 request gaps as its tool-time history.
 
-Whether a paused program's blocks are still cached is estimated from the token counts
-each request reports (scheduling/kv/residency.py): the engine does not say.
+Whether a paused program's blocks are still cached comes from the engine's KV cache events,
+or, for an engine without them, an estimate from token counts (daemon/kv/residency.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from daemon.state import Host, ProgramState, ProgramStatus, RequestState, prompt_estimate
+from daemon.kv.residency import KvResidency
+from daemon.state import (
+    Host,
+    ProgramState,
+    ProgramStatus,
+    RequestState,
+    WorkerState,
+    prompt_estimate,
+)
 from scheduling.kv import (
     Admit,
     Decision,
@@ -35,7 +43,6 @@ from scheduling.kv import (
     plan_migration,
 )
 from scheduling.kv import ProgramStatus as KvStatus
-from scheduling.kv.residency import ResidencyEstimator, held_tokens
 from scheduling.kv.tool_clock import ToolClock, ToolClocks
 
 _TO_KV = {
@@ -46,12 +53,12 @@ _TO_KV = {
 
 class KvControl:
     def __init__(self, core: Host, policy_name: str, config: KvConfig | None = None,
-                 options: Mapping[str, Any] | None = None) -> None:
+                 options: Mapping[str, Any] | None = None, residency: str = "events") -> None:
         self.core = core
         self.policy: KvPolicy = make_kv_policy(policy_name, options)
         self.config = config or KvConfig()
         self.tools = ToolClocks()
-        self.residency = ResidencyEstimator()
+        self.residency = KvResidency(residency)
         self._registered: dict[str, float] = {}
         self._views = ProgramViews(self.tools, self.residency)
 
@@ -64,8 +71,8 @@ class KvControl:
                        w.stats.kv_used_tokens if w.stats else 0, w.healthy)
             for w in self.core.workers.values()
         )
-        used = {w.worker_id: w.used_tokens for w in workers}
-        programs = self._views.build(self.core.programs.values(), used, self.core.requests)
+        programs = self._views.build(self.core.programs.values(), self.core.workers,
+                                     self.core.requests)
         return KvView(workers, programs, self.config)
 
     def _note_restarts(self) -> None:
@@ -76,21 +83,30 @@ class KvControl:
                 self.residency.worker_reset(w.id)
 
     def request_hit(self, req: RequestState) -> None:
-        """The engine reported the request's cached tokens: blocks it took out of the
-        free queue without evicting anything."""
-        if req.worker_id is not None:
-            self.residency.request_hit(req.program_id, req.worker_id, req.cached_tokens)
+        self.residency.request_hit(req)
 
     def request_wrote(self, req: RequestState) -> None:
-        """A request that ran on a worker ended and freed its blocks there. The
-        worker's last stats were taken while it ran, so their usage still counts them."""
+        """A request that ran on a worker ended and freed its blocks there."""
         worker = self.core.workers.get(req.worker_id) if req.worker_id else None
-        if worker is None or worker.stats is None:
-            return
-        own = held_tokens(req.prompt_tokens, req.output_tokens, worker.block_size)
-        self.residency.request_ended(
-            req.program_id, worker.id, req.prompt_tokens, req.cached_tokens, req.output_tokens,
-            worker.stats.kv_used_tokens - own, worker.kv_capacity_tokens, worker.block_size)
+        if worker is not None:
+            self.residency.request_ended(req, worker)
+
+    def residency_of(self, program: ProgramState) -> dict[str, Any] | None:
+        """What the daemon knows of the program's blocks on its (last) worker, for the API:
+        where it comes from, resident or not, and, from the engine's events, how many
+        tokens of its last context are cached there (and in a lower tier)."""
+        worker = self.core.workers.get(program.worker_id) if program.worker_id else None
+        if worker is None:
+            return None
+        resident, _ = self.residency.of(program.id, worker)
+        report = (worker.residency.get(program.id)
+                  if self.residency.source(worker) == "events" else None)
+        out: dict[str, Any] = {"worker_id": worker.id, "resident": resident,
+                               "source": "estimate" if report is None else "events"}
+        if report is not None:
+            out.update(context_tokens=report.context_tokens, cached_tokens=report.cached_tokens,
+                       reachable_tokens=report.reachable_tokens)
+        return out
 
     # --- calls into the policy --------------------------------------------------
 
@@ -108,6 +124,7 @@ class KvControl:
     def tick(self) -> None:
         self.apply(self.policy.decide(self.view(), self.core.clock()))
         self._views.forget_gone(self.core.programs)
+        self.residency.forget_except(self.core.programs, self.core.workers)
         self.tools.forget_except(self.core.programs)
 
     def tool_started(self, program_id: str, now: float) -> None:
@@ -193,23 +210,26 @@ class ProgramViews:
     """
 
     def __init__(self, tools: ToolClocks | None = None,
-                 residency: ResidencyEstimator | None = None) -> None:
+                 residency: KvResidency | None = None) -> None:
         self._cache: dict[str, tuple[tuple[object, ...], ProgramView]] = {}
         self._tools = tools or ToolClocks()
-        self._residency = residency or ResidencyEstimator()
+        self._residency = residency or KvResidency()
 
-    def build(self, programs: Iterable[ProgramState], used: Mapping[str, int] | None = None,
+    def build(self, programs: Iterable[ProgramState],
+              workers: Mapping[str, WorkerState] | None = None,
               requests: Mapping[str, RequestState] | None = None) -> tuple[ProgramView, ...]:
-        """`used`: each worker's used KV tokens now, for the residency estimate; `requests`:
-        the program's ready or running request, whose tokens its KV must hold."""
+        """`workers`: for a paused program's residency on its worker; `requests`: the
+        program's ready or running request, whose tokens its KV must hold."""
         out = []
         cache = self._cache
         for p in programs:
             if p.held or p.status not in _TO_KV:
                 continue
             clock = self._tools.get(p.id)
-            resident = (self._residency.resident(p.id, p.worker_id, used.get(p.worker_id))
-                        if used and p.worker_id and p.status == ProgramStatus.PAUSED else None)
+            worker = workers.get(p.worker_id) if workers and p.worker_id else None
+            resident: tuple[bool | None, int | None] = (
+                self._residency.of(p.id, worker)
+                if worker is not None and p.status == ProgramStatus.PAUSED else (None, None))
             context = _context(p, requests)
             key = (p.status, context, p.worker_id, p.acting_since, p.ready_since,
                    p.ready_request is not None, p.pinned, p.pause_marked, p.tool_time_sum,
@@ -217,14 +237,13 @@ class ProgramViews:
                    clock.key() if clock else None, resident)
             hit = cache.get(p.id)
             if hit is None or hit[0] != key:
-                hit = cache[p.id] = (key, _program_view(p, clock, resident, context))
+                hit = cache[p.id] = (key, _program_view(p, clock, *resident, context=context))
             out.append(hit[1])
         return tuple(out)
 
     def forget_gone(self, programs: Mapping[str, ProgramState]) -> None:
         for pid in [pid for pid in self._cache if pid not in programs]:
             del self._cache[pid]
-        self._residency.forget_except(programs)
 
 
 def _context(p: ProgramState, requests: Mapping[str, RequestState] | None) -> int:
@@ -238,7 +257,8 @@ def _context(p: ProgramState, requests: Mapping[str, RequestState] | None) -> in
 
 
 def _program_view(p: ProgramState, clock: ToolClock | None = None,
-                  kv_resident: bool | None = None, context: int | None = None) -> ProgramView:
+                  kv_resident: bool | None = None, kv_cached_tokens: int | None = None,
+                  context: int | None = None) -> ProgramView:
     acting_since, ended_at = _acting(p, clock)
     measured = clock.mean_s if clock else None
     return ProgramView(
@@ -248,7 +268,7 @@ def _program_view(p: ProgramState, clock: ToolClock | None = None,
         ready_since=p.ready_since, pending_request=p.ready_request is not None,
         pinned=p.pinned, pause_marked=p.pause_marked,
         tool_time_mean_s=p.tool_time_mean_s if measured is None else measured,
-        kv_resident=kv_resident, migrate_to=p.migrate_to,
+        kv_resident=kv_resident, kv_cached_tokens=kv_cached_tokens, migrate_to=p.migrate_to,
         tool_running=bool(clock and clock.running),
         tool_last_s=clock.last_s if clock else None, tool_ended_at=ended_at,
     )

@@ -85,16 +85,19 @@ class ReplayWorkers:
                 worker_id=worker_id, engine="sim", model=self.model,
                 kv_capacity_tokens=cfg.kv_capacity_tokens, block_size=cfg.block_size,
                 max_batch=cfg.max_num_seqs, schema_hash=protocol.SCHEMA_HASH, key=self.key,
-                host="replay"))
+                host="replay", kv_events=True))
 
     def heartbeat(self) -> None:
-        """Every worker's progress deltas, then its stats, as a worker's heartbeat tick."""
+        """Every worker's progress deltas, then its stats and the residency its cache's
+        events gave, as a worker's heartbeat tick."""
         for rid, run in self._running.items():
             if run.started and run.unreported:
                 self._delta(run, rid, run.unreported)
         for worker_id, w in self.workers.items():
+            residency, dropped = w.scheduler.residency.take_report()
             self.deliver(worker_id.encode(), protocol.Heartbeat(
-                worker_id=worker_id, stats=w.scheduler.stats()))
+                worker_id=worker_id, stats=w.scheduler.stats(), residency=residency,
+                residency_dropped=dropped))
 
     def step_done(self, worker_id: str, step: TimedStep) -> None:
         self.workers[worker_id].end_step()

@@ -18,7 +18,8 @@ import msgspec
 # 3: tool calling (tools and tool-call messages in, parsed replies out) and logprobs.
 # 4: programmable contexts: token-id prompts with appended segments, generated token ids
 #    back, regex / grammar / logit_bias sampling, token ids in logprobs.
-PROTOCOL_VERSION = 4
+# 5: residency from the engine's KV cache events in heartbeats.
+PROTOCOL_VERSION = 5
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -143,6 +144,18 @@ class WorkerStats(msgspec.Struct, frozen=True, kw_only=True):
     generated_tokens: int = 0
 
 
+class ProgramResidency(msgspec.Struct, frozen=True, array_like=True):
+    """What of a program's last context is still cached on the worker, from its engine's KV
+    cache events (daemon/engines/kv_events.py), in tokens of whole blocks: the context its
+    last request left in the KV (`context_tokens`), its leading part in the engine's own
+    cache (`cached_tokens`), and in that cache or a lower tier the engine restores from
+    without recompute, such as host memory (`reachable_tokens`)."""
+
+    context_tokens: int
+    cached_tokens: int
+    reachable_tokens: int
+
+
 # --- worker -> daemon -------------------------------------------------------
 
 
@@ -160,11 +173,17 @@ class Register(msgspec.Struct, frozen=True, tag="register", kw_only=True):
     # cannot read the key file is refused and never sees a prompt.
     key: str = ""
     tools: ToolSupport = ToolSupport()
+    # Its heartbeats report programs' residency from the engine's KV cache events.
+    kv_events: bool = False
 
 
 class Heartbeat(msgspec.Struct, frozen=True, tag="heartbeat", kw_only=True):
     worker_id: str
     stats: WorkerStats
+    # Residency of the programs whose residency changed since the last heartbeat (of all
+    # it tracks, in the first heartbeat after registering), and those it stopped tracking.
+    residency: dict[str, ProgramResidency] = {}
+    residency_dropped: list[str] = []
 
 
 class TokenDelta(msgspec.Struct, frozen=True, tag="delta", kw_only=True):

@@ -21,9 +21,10 @@ def plan_migration(
     """Decisions that move `program_id` to `target_worker_id`.
 
     KV is not copied between workers; the target recomputes the context, less any
-    prefix its prefix group already holds there. Moving back to its own worker costs nothing only
-    when its blocks are known to be cached there (`kv_resident` True); unknown counts
-    as evicted, so the reported cost is an upper bound. A REASONING program moves when its
+    prefix its prefix group already holds there. Moving back to its own worker costs
+    nothing only when its blocks are known to be cached there (`kv_resident` True, or the
+    uncached rest when the engine's events say how much is cached); unknown counts as
+    evicted, so the reported cost is an upper bound. A REASONING program moves when its
     request ends, unless `now`, in which case the daemon aborts the request and
     re-dispatches it on the target. Pinned programs move too: the operator asked.
     """
@@ -52,7 +53,8 @@ def _moves(program: ProgramView, target: str, now: bool) -> tuple[Decision, ...]
 def _recompute(view: KvView, program: ProgramView, target: str) -> int:
     if program.status is ProgramStatus.QUEUED:
         return 0
-    if program.worker_id == target and program.kv_resident is True:
+    home = program.recompute_at_home() if program.worker_id == target else None
+    if home == 0:
         return 0
     others = KvView(
         view.workers,
@@ -60,4 +62,5 @@ def _recompute(view: KvView, program: ProgramView, target: str) -> int:
         view.config,
     )
     cached = Ledger(others, lambda _: 1.0, share_prefix=True).cached_prefix(target, program)
-    return program.context_tokens - cached
+    prefix = program.context_tokens - cached
+    return prefix if home is None else min(home, prefix)

@@ -49,11 +49,13 @@ class ProgramView:
     there are any, else of the gaps between the program's requests.
 
     `kv_resident` says whether a PAUSED program's blocks are still cached on
-    `worker_id`: True or False when the builder knows or estimates it (the replay
-    harness reads the sim engine; the daemon estimates it, scheduling/kv/residency.py),
-    None when it does not. Policies act on it only when it is known: a preference
-    (go home, restore first, no recompute) needs True, a demotion (rank with new
-    programs) needs False, so an unknown residency gets the issue's plain order.
+    `worker_id`: True or False when the daemon knows it (from the engine's KV cache
+    events, all but at most one block of its last context cached) or estimates it
+    (scheduling/kv/residency.py, for an engine without events), None when it does not.
+    Policies act on it only when it is known: a preference (go home, restore first, no
+    recompute) needs True, a demotion (rank with new programs) needs False, so an unknown
+    residency gets the issue's plain order. `kv_cached_tokens` is how much of its context
+    is cached there, when the events say (None otherwise).
     """
 
     program_id: str
@@ -70,10 +72,18 @@ class ProgramView:
     prefix_group: str | None = None  # programs sharing a prompt prefix
     prefix_tokens: int = 0  # length of that shared prefix
     kv_resident: bool | None = None  # a PAUSED program's blocks cached on worker_id
+    kv_cached_tokens: int | None = None  # leading tokens of it cached there, from events
     migrate_to: str | None = None  # restore_on of its MarkPauseAfterRequest, if any
     tool_running: bool = False
     tool_last_s: float | None = None
     tool_ended_at: float | None = None
+
+    def recompute_at_home(self) -> int | None:
+        """Tokens it must prefill again on its own worker, when known: none while cached,
+        the uncached rest when the events say how much is cached."""
+        if self.kv_cached_tokens is not None:
+            return max(0, self.context_tokens - self.kv_cached_tokens)
+        return 0 if self.kv_resident is True else None
 
     @property
     def waited_from(self) -> float:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import openai
 import pytest
@@ -125,3 +126,50 @@ def test_thunderagent_recomputes_fewer_prompt_tokens(daemon: DaemonProcess) -> N
     # Measured on this workload: thunderagent prefills well under 2/3 of what the LRU does.
     print(f"recomputed prompt tokens: vllm-default {lru}, thunderagent {program_aware}")
     assert program_aware < 0.67 * lru, (program_aware, lru)
+
+
+def residency(d: DaemonProcess, pid: str) -> dict[str, Any] | None:
+    got: dict[str, Any] | None = d.get(f"/v1/programs/{pid}").json().get("kv_residency")
+    return got
+
+
+def test_residency_comes_from_vllms_events_and_matches_the_next_requests_cache_hits(
+        daemon: DaemonProcess) -> None:
+    """A program's blocks, evicted by other programs' prompts, are seen as cold from vLLM's
+    own KV events; its next request's cached tokens (vLLM's count) agree with the reported
+    residency within one block."""
+    client = openai.OpenAI(base_url=f"{daemon.url}/v1", api_key=daemon.token, max_retries=0,
+                           timeout=300)
+    model = client.models.list().data[0].id
+
+    def ask(pid: str, history: list[dict[str, str]]) -> Any:
+        return client.chat.completions.create(
+            model=model, messages=history, max_tokens=2, temperature=0,  # type: ignore[arg-type]
+            extra_body={"program_id": pid, "session_id": pid})
+
+    history = [{"role": "system", "content": system_prompt("residency", 0)},
+               {"role": "user", "content": "Task: the build is red."}]
+    first = ask("res-a", history)
+    history += [{"role": "assistant", "content": first.choices[0].message.content or ""},
+                {"role": "user", "content": "Tool output: ok"}]
+    warm = wait_for(lambda: (r := residency(daemon, "res-a")) and r["source"] == "events"
+                    and r.get("cached_tokens", 0) > 0 and r, 30,
+                    lambda: f"vLLM's events to report res-a: {residency(daemon, 'res-a')}")
+    block = 32
+    assert warm["cached_tokens"] >= warm["context_tokens"] - block > 0, warm
+    # Other programs' prompts, three times the 1,024-token cache, evict res-a's blocks.
+    for n in range(1, 8):
+        ask(f"res-{n}", [{"role": "system", "content": system_prompt("pressure", n)},
+                         {"role": "user", "content": "Go."}])
+    cold = wait_for(lambda: (r := residency(daemon, "res-a")) and "cached_tokens" in r
+                    and r["cached_tokens"] < warm["cached_tokens"] and r, 30,
+                    lambda: f"res-a to be seen evicted: {residency(daemon, 'res-a')}")
+    assert cold["resident"] is False, cold
+    nxt = ask("res-a", history)
+    details = nxt.usage.prompt_tokens_details if nxt.usage else None
+    hit = details.cached_tokens if details and details.cached_tokens is not None else 0
+    print(f"res-a: context {warm['context_tokens']}, cached {warm['cached_tokens']} warm, "
+          f"{cold['cached_tokens']} after pressure; its next request hit {hit}")
+    assert abs(hit - cold["cached_tokens"]) <= block, (hit, cold)
+    for n in range(8):
+        daemon.post(f"/v1/programs/res-{'a' if n == 0 else n}/release")

@@ -7,10 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daemon.kv.loop import ProgramViews, _program_view
-from daemon.state import ProgramState, ProgramStatus
+from daemon.kv.residency import KvResidency
+from daemon.state import ProgramState, ProgramStatus, WorkerState
+from daemon.workers.protocol import ProgramResidency, WorkerStats
 from scheduling.kv import KvView, ProgramView, WorkerView
 from scheduling.kv.agentd import AgentdOptions, AgentdPolicy
-from scheduling.kv.residency import ResidencyEstimator
 from scheduling.kv.tool_clock import ToolClocks
 
 S = ProgramStatus
@@ -148,19 +149,59 @@ def test_measured_tool_time_is_what_the_agentd_policy_holds_a_program_for() -> N
     assert not policy.held(gaps_only.programs[0], gaps_only, 100.0)
 
 
+def _worker(used: int | None, kv_events: bool = False) -> WorkerState:
+    stats = None if used is None else WorkerStats(kv_capacity_tokens=1000, kv_used_tokens=used,
+                                                  running=0, waiting=0)
+    return WorkerState(id="w0", identity=b"w0", engine="sim", model="m", kv_capacity_tokens=1000,
+                       block_size=16, max_batch=8, pid=1, host="h", registered_at=0.0,
+                       last_seen=0.0, stats=stats, kv_events=kv_events)
+
+
 def test_a_paused_programs_view_carries_the_residency_estimate() -> None:
-    residency = ResidencyEstimator()
+    residency = KvResidency()
     views = ProgramViews(residency=residency)
     paused = ProgramState("p", "s", S.PAUSED, 0.0, 0.0, worker_id="w0", context_tokens=100)
     acting = ProgramState("a", "s", S.ACTING, 0.0, 0.0, worker_id="w0", context_tokens=100)
-    assert [v.kv_resident for v in views.build([paused, acting], {"w0": 0})] == [None, None]
+    assert [v.kv_resident for v in views.build([paused, acting], {"w0": _worker(0)})] == [
+        None, None]
     # p's request freed 100 tokens on a 1000-token worker with 400 used: 500 free ahead.
-    residency.request_ended("p", "w0", 100, 0, 0, 400, 1000)
-    assert views.build([paused], {"w0": 900})[0].kv_resident is True
-    assert views.build([paused], {"w0": 901})[0].kv_resident is False  # cached view rebuilt
-    assert views.build([paused])[0].kv_resident is None  # no usage known
-    views.forget_gone({})
-    assert views.build([paused], {"w0": 0})[0].kv_resident is None
+    residency.estimator.request_ended("p", "w0", 100, 0, 0, 400, 1000)
+    assert views.build([paused], {"w0": _worker(900)})[0].kv_resident is True
+    assert views.build([paused], {"w0": _worker(901)})[0].kv_resident is False  # rebuilt
+    assert views.build([paused], {"w0": _worker(None)})[0].kv_resident is None  # no usage
+    assert views.build([paused])[0].kv_resident is None  # no worker known
+    residency.forget_except({}, {})
+    assert views.build([paused], {"w0": _worker(0)})[0].kv_resident is None
+
+
+def test_the_engines_events_win_over_the_estimate_and_the_estimate_is_the_fallback() -> None:
+    residency = KvResidency()
+    views = ProgramViews(residency=residency)
+    paused = ProgramState("p", "s", S.PAUSED, 0.0, 0.0, worker_id="w0", context_tokens=100)
+    residency.estimator.request_ended("p", "w0", 100, 0, 0, 400, 1000)
+    worker = _worker(900, kv_events=True)
+    # Not reported yet (its request just ended): the estimate answers.
+    assert views.build([paused], {"w0": worker})[0].kv_resident is True
+    assert residency.source(worker) == "events" and residency.source(_worker(0)) == "estimate"
+    worker.residency["p"] = ProgramResidency(96, 32, 32)  # its tail was evicted
+    (view,) = views.build([paused], {"w0": worker})
+    assert (view.kv_resident, view.kv_cached_tokens) == (False, 32)
+    assert view.recompute_at_home() == 68
+    worker.residency["p"] = ProgramResidency(96, 80, 80)  # all but one block: resident
+    (view,) = views.build([paused], {"w0": worker})
+    assert (view.kv_resident, view.kv_cached_tokens) == (True, 80)
+    # The ablation reads the estimate only.
+    estimate = KvResidency("estimate")
+    estimate.estimator.request_ended("p", "w0", 100, 0, 0, 400, 1000)
+    assert estimate.of("p", worker) == (True, None)
+    # A request of the program ending there makes the report stale until the next one.
+    from daemon.state import RequestState
+    from daemon.workers.protocol import SamplingParams
+
+    req = RequestState(id="r", program_id="p", session_id="s", kind="completion", model="m",
+                       sampling=SamplingParams(), queued_at=0.0, worker_id="w0")
+    residency.request_ended(req, worker)
+    assert "p" not in worker.residency
 
 
 def test_a_ready_or_running_request_counts_in_its_programs_context() -> None:

@@ -1,13 +1,17 @@
 """Paged KV blocks with prefix caching, modelled on vLLM v1's block pool and KV cache manager.
 
-A full block is named by ``hash((parent_hash, token_ids_of_the_block))``. Python's ``hash`` of a
-tuple of ints is not salted by ``PYTHONHASHSEED`` (only str/bytes are), so block hashes are stable
-across processes, and it is far cheaper than a cryptographic digest on the per-step path.
+A full block is named by ``hash((parent_hash, token_ids_of_the_block))`` (``block_hash``, the
+content key daemon/engines/kv_events.py names blocks by): stable across processes, and far
+cheaper than a cryptographic digest on the per-step path.
 
 ``BlockPool`` owns the blocks; ``KVCacheManager`` maps requests onto them (lookup of cached
 prefixes, slot allocation, freeing). Every operation is O(blocks touched): the free list is an
 ``OrderedDict`` used as an intrusive LRU queue, so removal from the middle (a cache hit on a
 free block) and pop from the front (eviction) are both O(1).
+
+Like vLLM with `KVEventsConfig`, the pool records which blocks enter and leave the prefix map
+(``events``: ``BlockStored`` / ``BlockRemoved``, daemon/engines/kv_events.py) for whoever
+drains them; the daemon learns residency from them.
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-# The first block of every sequence hangs off this parent; any fixed int would do.
-ROOT_HASH = 0x5A6E7D
+from daemon.engines.kv_events import (
+    ROOT_HASH,
+    BlockRemoved,
+    BlockStored,
+    KvEvent,
+    block_hash,
+)
 
-
-def block_hash(parent: int, tokens: Sequence[int]) -> int:
-    return hash((parent, tuple(tokens)))
+__all__ = ["ROOT_HASH", "BlockPool", "KVBlock", "KVCacheManager", "block_hash"]
 
 
 class KVBlock:
@@ -58,6 +65,8 @@ class BlockPool:
         self._free: OrderedDict[int, KVBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
         self.cached: dict[int, KVBlock] = {}
         self.evictions = 0
+        # Cache events since the owner last drained them (None: not recorded).
+        self.events: list[KvEvent] | None = None
 
     @property
     def num_free(self) -> int:
@@ -94,20 +103,35 @@ class BlockPool:
         if n > len(self._free):
             raise RuntimeError(f"asked for {n} blocks with {len(self._free)} free")
         out: list[KVBlock] = []
+        evicted: list[int | bytes] = []
         for _ in range(n):
             _, b = self._free.popitem(last=False)
             if b.block_hash is not None:
                 del self.cached[b.block_hash]
+                evicted.append(b.block_hash)
                 b.block_hash = None
                 self.evictions += 1
             b.ref_cnt = 1
             out.append(b)
+        if evicted and self.events is not None:
+            self.events.append(BlockRemoved(block_hashes=evicted, medium="GPU"))
         return out
 
-    def cache(self, block: KVBlock, h: int) -> None:
+    def cache(self, block: KVBlock, h: int) -> bool:
+        """Name the block `h` in the prefix map; False when another block already is."""
         if block.block_hash is None and h not in self.cached:
             block.block_hash = h
             self.cached[h] = block
+            return True
+        return False
+
+    def stored(self, parent: int | None, hashes: list[int], tokens: list[int]) -> None:
+        """Record that the blocks `hashes` (with `tokens`, in order, after `parent`) were
+        cached, as vLLM's BlockStored does."""
+        if hashes and self.events is not None:
+            self.events.append(BlockStored(
+                block_hashes=list(hashes), parent_block_hash=parent, token_ids=tokens,
+                block_size=self.block_size, medium="GPU"))
 
     def free(self, blocks: Iterable[KVBlock]) -> None:
         """Drop one reference each; blocks reaching zero join the queue tail in the given order."""
@@ -216,8 +240,15 @@ class KVCacheManager:
             return
         self._extend_hashes(req, num_full)
         hashes = req.block_hashes
-        for i in range(done, num_full):
-            self.pool.cache(blocks[i], hashes[i])
+        pool, bs = self.pool, self.block_size
+        run_from = done  # the first block of the run of newly named blocks
+        for i in range(done, num_full + 1):
+            if i < num_full and pool.cache(blocks[i], hashes[i]):
+                continue
+            if i > run_from:  # a run ends: at a block named before, or at the end
+                pool.stored(hashes[run_from - 1] if run_from else None, hashes[run_from:i],
+                            req.all_token_ids[run_from * bs:i * bs])
+            run_from = i + 1
         self._num_cached_blocks[req.request_id] = num_full
 
     def free(self, req: KVRequest) -> None:

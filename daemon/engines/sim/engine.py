@@ -47,6 +47,7 @@ from daemon.engines.sim.tools import Script, scripted_reply
 from daemon.workers.protocol import (
     Finish,
     MessageDelta,
+    ProgramResidency,
     Reply,
     Submit,
     TokenDelta,
@@ -98,6 +99,7 @@ def request_from_submit(submit: Submit, eos_mean_tokens: float | None = None,
         priority=submit.priority,
         script_token_ids=[tokenizer.piece_id(p.strip()) for p in script.pieces] if script
         else [],
+        program_id=submit.program_id,
     )
 
 
@@ -185,6 +187,7 @@ class SimEngine:
     engine = "sim"
     # Its template renders tools, and it writes calls whole (engines/sim/tools.py).
     tools = ToolSupport(parser="sim", template=True)
+    kv_events = True  # its block pool records them (engines/sim/blocks.py)
 
     def __init__(
         self,
@@ -282,6 +285,10 @@ class SimEngine:
 
     def stats(self) -> WorkerStats:
         return self.scheduler.stats()
+
+    def residency_report(self, everything: bool
+                         ) -> tuple[dict[str, ProgramResidency], list[str]]:
+        return self.scheduler.residency.take_report(everything)
 
     async def shutdown(self) -> None:
         if self._task is not None:

@@ -32,6 +32,7 @@ import enum
 from collections import deque
 from dataclasses import dataclass, field
 
+from daemon.engines.kv_events import Residency
 from daemon.engines.sim.blocks import KVCacheManager
 from daemon.engines.sim.cost import CostModel, prefill_pairs
 from daemon.engines.sim.tokenizer import filler_token_id
@@ -106,6 +107,7 @@ class SimRequest:
     output_offset: int = 0
     priority: int = 0
     script_token_ids: list[int] = field(default_factory=list)
+    program_id: str = ""  # its residency is tracked once it ends; "" = not tracked
 
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)
@@ -179,6 +181,9 @@ class SimScheduler:
         self.config = config
         self.cost = cost_model
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        # Programs' residency from the cache's events, as a vLLM worker learns it from vLLM's.
+        self.residency = Residency(config.block_size)
+        self.kv.pool.events = []
         self.requests: dict[str, SimRequest] = {}
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
@@ -216,6 +221,7 @@ class SimScheduler:
         self.kv.free(req)
         req.status = Status.FINISHED
         req.finish_reason = "abort"
+        self._remember(req)
         return req
 
     def has_work(self) -> bool:
@@ -225,7 +231,17 @@ class SimScheduler:
         scheduled, preempted = self._schedule()
         if not scheduled:
             return EMPTY_STEP
-        return self._execute(scheduled, preempted)
+        result = self._execute(scheduled, preempted)
+        events = self.kv.pool.events
+        if events:
+            self.residency.apply_all(events)
+            events.clear()
+        return result
+
+    def _remember(self, req: SimRequest) -> None:
+        """`req` ended: track the residency of the context it left for its program."""
+        if req.program_id:
+            self.residency.remember(req.program_id, keys=list(req.block_hashes))
 
     def stats(self) -> WorkerStats:
         pool = self.kv.pool
@@ -355,3 +371,4 @@ class SimScheduler:
         req.status = Status.FINISHED
         req.finish_reason = reason
         del self.requests[req.request_id]
+        self._remember(req)

@@ -6,16 +6,26 @@ blocks, eager mode, one process for the model executor. Prompts are always
 tokenized here and handed to vLLM as token ids, so the prompt size reported on
 the first delta is exactly what the engine scheduled, and chat templates are
 applied in this one place.
+
+vLLM publishes its KV cache events (`KVEventsConfig`) on an ipc socket this engine
+subscribes to; they give each program's residency (daemon/engines/kv_events.py), which
+the heartbeats carry to the daemon.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import os
+import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from daemon.engines.kv_events import Residency, decode_batch
 from daemon.engines.vllm import tools
 from daemon.engines.vllm.adapter import (
     StatsCollector,
@@ -25,6 +35,7 @@ from daemon.engines.vllm.adapter import (
 from daemon.engines.vllm.segments import SegmentTokenizer
 from daemon.workers.protocol import (
     Finish,
+    ProgramResidency,
     Submit,
     TokenDelta,
     TokenLogprob,
@@ -33,6 +44,8 @@ from daemon.workers.protocol import (
     WorkerStats,
 )
 from daemon.workers.protocol import SamplingParams as WireSampling
+
+log = logging.getLogger("agentd.worker")
 
 DEFAULT_KV_CACHE_BYTES = 64 << 20
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}
@@ -44,6 +57,7 @@ class VllmEngineError(RuntimeError):
 
 class VllmEngine:
     engine = "vllm"
+    kv_events = True
 
     def __init__(
         self,
@@ -80,6 +94,12 @@ class VllmEngine:
         self._collector = StatsCollector()
         self._llm: Any = None
         self._tokenizer: Any = None
+        self.residency = Residency(block_size)
+        # Short: an ipc path must fit a socket address (107 bytes).
+        self._events_endpoint = (
+            f"ipc://{tempfile.gettempdir()}/agentd-kv-{uuid.uuid4().hex[:12]}")
+        self._events: asyncio.Task[None] | None = None
+        self.events_missed = 0  # batches lost between vLLM's publisher and us
 
     async def start(self) -> None:
         # Must be set before vLLM reads it: keeps the model executor inside the
@@ -87,6 +107,7 @@ class VllmEngine:
         # start instead of 25 s, half the memory). AsyncLLM still runs the
         # engine core in its own process, so steps never block our event loop.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm.config import KVEventsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -103,6 +124,9 @@ class VllmEngine:
             max_num_seqs=self.max_batch,
             # Our stat logger is the only consumer; vLLM's periodic log lines are noise.
             disable_log_stats=True,
+            kv_events_config=KVEventsConfig(
+                enable_kv_cache_events=True, publisher="zmq",
+                endpoint=self._events_endpoint),
         )
         self._llm = AsyncLLM.from_engine_args(
             args, stat_loggers=[make_stat_logger_factory(self._collector)]
@@ -112,11 +136,48 @@ class VllmEngine:
         self._tool_parsing = tools.ToolParsing(self._tokenizer, self._tool_call_parser)
         self.tools = ToolSupport(parser=self._tool_call_parser,
                                  template=tools.renders_tools(self._tokenizer, self._template))
+        self._events = asyncio.create_task(self._read_events(), name="vllm-kv-events")
+
+    async def _read_events(self) -> None:
+        """Apply vLLM's published KV cache events, in order, as they come."""
+        import zmq
+        import zmq.asyncio
+
+        ctx = zmq.asyncio.Context.instance()
+        sock = ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.connect(self._events_endpoint)
+        last = -1
+        try:
+            while True:
+                _topic, seq_bytes, payload = await sock.recv_multipart()
+                seq = int.from_bytes(seq_bytes, "big", signed=True)
+                if last >= 0 and seq != last + 1:
+                    # The publisher's queue overflowed: what we mirror may keep blocks
+                    # that are gone (a program looks warmer than it is) until they return.
+                    self.events_missed += max(0, seq - last - 1)
+                    log.warning("missed %d KV event batches from vLLM", seq - last - 1)
+                last = seq
+                self.residency.apply_all(decode_batch(payload).events)
+        finally:
+            sock.close(linger=0)
+
+    def residency_report(self, everything: bool
+                         ) -> tuple[dict[str, ProgramResidency], list[str]]:
+        return self.residency.take_report(everything)
 
     async def shutdown(self) -> None:
+        if self._events is not None:
+            self._events.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._events
+            self._events = None
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None
+        with contextlib.suppress(OSError):
+            os.unlink(self._events_endpoint.removeprefix("ipc://"))
 
     async def abort(self, request_id: str) -> None:
         if self._llm is not None:
@@ -185,13 +246,21 @@ class VllmEngine:
                 if delta is not None:
                     yield delta
                 if out.finished:
+                    self._remember(submit, prompt_ids, state)
                     yield state.finish(rid, out.outputs[0].finish_reason)
                     return
         except Exception as exc:
             yield _error_finish(rid, exc, state)
             return
         # vLLM ended the stream without a finished output: only an abort does that.
+        self._remember(submit, prompt_ids, state)
         yield state.finish(rid, "abort")
+
+    def _remember(self, submit: Submit, prompt_ids: list[int], state: _RequestState) -> None:
+        """Track the context the request left in the KV: its prompt and output, less the
+        last token sampled, which the model never ran on. Before the Finish goes out, so
+        the next heartbeat carries it."""
+        self.residency.remember(submit.program_id, [*prompt_ids, *state.output_ids[:-1]])
 
     def _sampling_params(self, wire: WireSampling, parser: tools.RequestParser | None) -> Any:
         from vllm import SamplingParams
@@ -256,6 +325,7 @@ class _RequestState:
         self.output_tokens = 0
         self.ttft_s: float | None = None
         self.segment_token_ids: list[int] = []
+        self.output_ids: list[int] = []
         self._sent_first = False
 
     def take(self, out: Any, rid: str, started: float) -> TokenDelta | None:
@@ -273,6 +343,7 @@ class _RequestState:
         if n == 0 and not completion.text and not (message and message.tool_calls):
             return None
         self.output_tokens += n
+        self.output_ids.extend(completion.token_ids)
         first = not self._sent_first
         if first:
             self.ttft_s = time.monotonic() - started
