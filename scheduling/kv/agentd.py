@@ -19,32 +19,26 @@ from scheduling.kv.view import RESIDENT, WAITING, KvView, ProgramStatus, Program
 
 @dataclass(frozen=True)
 class AgentdOptions:
-    """Each flag turns one addition on or off for an ablation (bench/kv.py runs them, as
-    the daemon's [kv_options]). The numbers quoted are from its synthetic-agent sweep,
-    2 workers x 444k tokens, on the replay before it ran the daemon's own core (issue
-    22): with the sim's residency truth and no SLO stack; rerun bench/kv.py for today's.
+    """Each flag turns one addition on or off for an ablation (`python -m bench.kv --tune`
+    runs them, as the daemon's [kv_options]). Why each default was chosen, with the runs
+    and numbers behind it, is in bench/README.md ("Tuning notes"): options are tuned on
+    the tuning seeds and the traces' dev halves only, never on what is reported.
 
     fair_resume: the wait bound of `scheduling/kv/fairness.py` instead of
         ThunderAgent's force-resume: the oldest waiting program is swapped in once
         it waited `force_resume_s` per waiting program per worker, and no placement
         counts the room of a marked program whose request still runs as free. The
-        fixed bound makes every overdue program overcommit a worker: at 256
-        programs the engine then does little but recompute.
+        fixed bound makes every overdue program overcommit a worker: under heavy load
+        the engine then does little but recompute.
     overdue_first: every program past `force_resume_s` is placed before all others,
         oldest first, and reserves a worker until it fits (strict FIFO among late
         programs). Off by default: it replaces shortest-first by FIFO under load
-        and leaves reserved room idle, about a third of the throughput at 256.
+        and leaves reserved room idle.
     hold_s: after a request ends, a program keeps its room for `hold_s`. Tool times
-        are heavy-tailed (half the synthetic agents' tools end within a second, one
-        in ten runs past 20 s), so a tool that has not ended after a few seconds
-        is likely to run long. Recomputing a 25k-token context costs about as much
-        GPU time as holding it idle for 20 s, but a released program's blocks stay
-        in vLLM's LRU for a while (about 10 s at 256 programs) and are reused if it
-        returns by then. 15 s rather than 5 s: a tool still running after 5 s ends
-        within the next 10 s about half the time, and every program released then
-        and restored later recomputes its context (with `cold_with_new` and
-        `home_cached`, 15 s gives 2-4 points more prefix hits at 64 and 128
-        programs and under one at 256, at equal throughput within seed noise).
+        are heavy-tailed, so a tool that has not ended after a few seconds is likely to
+        run long; recomputing a long context costs about as much GPU time as holding it
+        idle for tens of seconds, and a released program's blocks stay in vLLM's LRU for
+        a while and are reused if it returns by then.
     release_on_demand: past its hold a program keeps its full room until a waiting
         program needs it; then it is paused, longest acting first. ThunderAgent
         instead lends a decaying share of an acting program's room to newcomers
@@ -78,22 +72,16 @@ class AgentdOptions:
         by more than this fraction, and by more than the request's context, so the
         move narrows the gap (0 = never). With no program paused there is no restore
         to rebalance the workers, and with a few programs per worker their requests'
-        KV comes and goes in large steps. The gap is the one before the request: 0.2
-        on the gap with the request counted moved a 44k-token context (a tenth of the
-        worker) on a gap of 0.1 and a 9k-token one only on 0.18, so the longest
-        recomputes bought the smallest corrections. Over seeds 0-9 at 16 programs,
-        0.12 on the gap before gives .960 mean prefix hits (was .952) and .084 mean
-        imbalance (was .088), both targets met on 9 seeds (was 6); at 32 programs
-        .925 / .094 (was .927 / .101); unchanged at 64-256 (seeds 0-2).
+        KV comes and goes in large steps. The gap is the one before the request, so a
+        long context, whose move recomputes the most, is not moved on a narrower gap
+        than a short one.
     lasting_balance: `balance_route` moves a request only when the admitted demand
         (the ledger: every resident program's context, acting ones included) of its
         worker also exceeds the target's by more than `balance_route`. A move
         recomputes the program's whole context on the target, and with a few programs
         per worker most usage gaps are requests that happen to run at once and end
-        soon: at 16 programs balance_route's moves are almost all of agentd's misses.
-        Off by default: gating leaves the momentary gaps. Seeds 0-9: at 16 programs
-        prefix hits .988 (without it .960) but imbalance .119 (.084), under 10% on
-        2 seeds; at 32 programs .933 / .107 (.925 / .094).
+        soon. Off by default: gating leaves the momentary gaps, trading KV balance for
+        prefix hits.
     share_prefix: programs of one prefix group on one worker hold the shared prefix
         once (vLLM's prefix cache dedups it), so demand and placement cost count it once.
         Off by default: counting the prefix per program is the only slack the ledger
@@ -109,10 +97,9 @@ class AgentdOptions:
         lose by waiting, just like a program that never started: it queues with the
         new programs, shortest context first, behind paused programs whose blocks are
         still cached (their wait costs them their cache). ThunderAgent restores every
-        paused program with a ready request before any new one, so under load a
-        30k-token recompute (about 1.5 s of GPU at 8B) goes before a 17k-token first
-        prompt, and the room it takes evicts the cache of a program that would have
-        hit. Waiting stays bounded by `fair_resume`.
+        paused program with a ready request before any new one, so under load a long
+        recompute goes before a shorter first prompt, and the room it takes evicts the
+        cache of a program that would have hit. Waiting stays bounded by `fair_resume`.
     home_cached: a paused program whose blocks are still cached on its last worker
         (`kv_resident` is True) is restored there, releasing room there if needed,
         rather than on another worker where it would recompute everything; only
@@ -120,28 +107,19 @@ class AgentdOptions:
         alone sends it to any worker with room when its own is full.
     new_wait: a program that never started never takes the room of a started one
         (release on demand only serves paused programs): it has no cache to lose.
-        Off by default: with `cold_with_new` it costs 3% of the throughput at 256
-        programs for under a point of prefix hits: the room it leaves goes to cold
-        restores, which recompute anyway.
+        Off by default: the room it leaves goes to cold restores, which recompute anyway.
     thrash_slack: a worker is thrashing only when its demand exceeds the high
         watermark by this fraction of capacity; up to it, the engine's LRU evicts
         the tails of the programs acting longest instead of a whole program being
-        paused and its room given away. Off by default: a few points of prefix hits
-        at 64 programs, but less throughput at 256.
+        paused and its room given away. Off by default.
     headroom: placements (admission, restore, release on demand, a rebalanced
         request) fill a worker only up to the low watermark less this fraction of
         capacity, while thrashing is still judged at the high watermark. Admitted
-        contexts grow every step (about 2.7k tokens: output plus the next tool
-        result); when placements fill a worker to the thrash line, each step's growth
-        pauses a whole program (about 20k tokens, usually cold by the time it is
-        restored) to make room for a 2k-token overshoot, and its room is refilled at
-        once, so under load every growth step rotates one program. The gap absorbs
-        several steps of growth per pause instead. 0.015 (6.7k tokens of 444k): at 64
-        programs prefix hits go from .932/.933/.919 to .956/.947/.957 (seeds 0-2) at
-        equal throughput, at 32 from .944/.907/.910 to .945/.927/.912, at 256 from
-        .978/.974/.972 to .988/.981/.979 for 0-3% less throughput. 0.05 adds nothing
-        at 64 (.962/.943/.960) and costs 9% of the throughput at 256 (seed 0), where
-        the queue always holds a program that could use the room.
+        contexts grow every step (output plus the next tool result); when placements
+        fill a worker to the thrash line, each step's growth pauses a whole program
+        (usually cold by the time it is restored) to make room for a small overshoot,
+        and its room is refilled at once, so under load every growth step rotates one
+        program. The gap absorbs several steps of growth per pause instead.
     """
 
     fair_resume: bool = True

@@ -7,7 +7,9 @@ service along the program's critical path). A call's priority is the service its
 program has received so far, not the call's own; priorities are discretised into a few
 queues (a multi-level feedback queue), first come first served within a queue, higher
 queues preempt lower ones, and a call that has waited too long is promoted to the top
-queue so that long programs do not starve.
+queue so that long programs do not starve. A daemon program issues one LLM call at a time
+(its threads are separate programs), so its critical path is its whole history and PLAS
+and ATLAS coincide here.
 """
 
 from __future__ import annotations
