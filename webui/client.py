@@ -149,6 +149,23 @@ class Api:
     async def worker(self, worker_id: str) -> dict[str, Any]:
         return dict(await self.get(f"/v1/workers/{seg(worker_id)}"))
 
+    async def history(self, series: list[str], since: float, step: float
+                      ) -> dict[str, Any]:
+        """GET /v1/history: `since` negative is seconds before now."""
+        return dict(await self.get("/v1/history", series=",".join(series), since=since,
+                                   step=step))
+
+    async def events(self, since: float, limit: int = 100,
+                     kinds: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        """GET /v1/events, newest first: `since` negative is seconds before now."""
+        body = await self.get("/v1/events", since=since, limit=limit,
+                              kind=",".join(kinds))
+        return list(body["data"])
+
+    async def release_idle(self, idle_s: float, dry_run: bool) -> dict[str, Any]:
+        return dict(await self.post("/v1/programs/release-idle",
+                                    {"idle_s": idle_s, "dry_run": dry_run}))
+
     async def whoami(self) -> dict[str, Any]:
         return dict(await self.get("/v1/whoami"))
 

@@ -16,10 +16,10 @@ from typing import Any
 from litestar import Response, get, post
 from litestar.response import Redirect, ServerSentEvent, ServerSentEventMessage
 
-from webui.charts import History
 from webui.client import Api, ApiError, seg
 from webui.futuregraph import layout as graph_layout
-from webui.overview import program_row, snapshot, worker_row
+from webui.history_charts import range_of
+from webui.overview import ChartCache, program_row, snapshot, worker_row
 from webui.timeline import ZOOMS, layout
 from webui.web import (
     Form,
@@ -49,10 +49,10 @@ SSE_INTERVAL_S = 1.0
 Fetch = Callable[[Api], Awaitable[dict[str, Any]]]
 
 
-def history_of(request: Req) -> History:
-    history = request.route_handler.opt["ui_history"]
-    assert isinstance(history, History)
-    return history
+def charts_of(request: Req) -> ChartCache:
+    charts = request.route_handler.opt["ui_history"]
+    assert isinstance(charts, ChartCache)
+    return charts
 
 
 def poll_stream(request: Req, fetch: Fetch, event: str = "snapshot") -> Response[Any]:
@@ -132,19 +132,20 @@ async def logout(request: Req) -> Response[Any]:
 
 @get("/", name="ui.overview")
 async def overview(request: Req) -> Response[Any]:
-    history = history_of(request)
+    """?range=hour|day: the span the history charts show."""
+    charts, span = charts_of(request), range_of(request.query_params.get("range"))
 
     async def page(api: Api) -> Response[Any]:
         return render(request, "overview.html", title="Overview",
-                      snap=await snapshot(api, history))
+                      snap=await snapshot(api, charts, span))
 
     return await with_api(request, page)
 
 
 @get("/events", name="ui.events")
 async def events(request: Req) -> Response[Any]:
-    history = history_of(request)
-    return poll_stream(request, lambda api: snapshot(api, history))
+    charts, span = charts_of(request), range_of(request.query_params.get("range"))
+    return poll_stream(request, lambda api: snapshot(api, charts, span))
 
 
 # --- programs and sessions ---------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The overview's facts: workers, alerts, active policies, newest programs, charts.
+"""The overview's facts: workers, alerts, active policies, newest programs, charts of the
+daemon's stored history, recent events.
 
 One `snapshot` serves both the first render and every live update (/ui/events), so
 the page and its SSE stream can never disagree on what a field means.
@@ -9,8 +10,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from webui.charts import History, sample_of
+from webui import history_charts as hc
 from webui.client import Api, ApiError
+
+EVENTS_SHOWN = 20
+CHARTS_FRESH_S = 5.0  # viewers share one read of the history per range for this long
 
 
 def engine_label(engine: Any) -> str:
@@ -59,23 +63,48 @@ async def active_policies(api: Api) -> list[dict[str, Any]]:
             for p in rows if p.get("active")]
 
 
-async def snapshot(api: Api, history: History) -> dict[str, Any]:
+class ChartCache:
+    """The newest /v1/history answer per range. The series are cluster-wide aggregates
+    every reader of the daemon sees alike (daemon/api/history_api.py), so viewers share
+    them; events are per tenant and are read per viewer."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[float, dict[str, Any]]] = {}
+
+    async def history(self, api: Api, range_name: str, now: float) -> dict[str, Any]:
+        held = self._held.get(range_name)
+        if held is not None and now - held[0] < CHARTS_FRESH_S:
+            return held[1]
+        span = hc.RANGES[range_name]
+        body = await api.history(hc.SERIES, -span, hc.step_of(span))
+        self._held[range_name] = (now, body)
+        return body
+
+
+async def snapshot(api: Api, charts: ChartCache, range_name: str = hc.DEFAULT_RANGE
+                   ) -> dict[str, Any]:
     workers = [worker_row(w) for w in await api.workers()]
     health = await api.health()
     programs, total = await api.programs(limit=20)
     now = time.time()
     alerts = alerts_of(workers, health)
-    if history.due(now):
-        try:
-            history.add(sample_of(now, await api.text("/metrics"), workers,
-                                  await api.get("/v1/scheduling")))
-        except ApiError as exc:
-            if exc.status == 401:
-                raise
-            alerts.append(f"charts paused: the daemon answered {exc.status}: {exc.message}")
+    span = hc.RANGES[range_name]
+    try:
+        history = await charts.history(api, range_name, now)
+        recent = await api.events(since=-hc.CRASH_WINDOW_S, limit=500,
+                                  kinds=hc.FAILURE_KINDS + hc.CRASH_KINDS)
+        events = await api.events(since=-hc.RANGES["day"], limit=EVENTS_SHOWN)
+    except ApiError as exc:
+        if exc.status == 401:
+            raise
+        alerts.append(f"history unavailable: the daemon answered {exc.status}: {exc.message}")
+        history, recent, events = {}, [], []
+    alerts += hc.recent_alerts(recent, now)
     return {
         "ts": now, "workers": workers, "alerts": alerts,
         "queued": health.get("queued", 0), "programs_total": total,
         "programs": [program_row(p) for p in programs],
-        "policies": await active_policies(api), "charts": history.charts(now),
+        "policies": await active_policies(api), "range": range_name,
+        "ranges": list(hc.RANGES), "charts": hc.charts_of(history, now, span),
+        "events": [hc.event_row(e) for e in events],
     }

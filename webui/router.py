@@ -14,8 +14,8 @@ from litestar.datastructures import ResponseHeader
 from litestar.middleware.session.server_side import ServerSideSessionConfig
 from litestar.static_files import create_static_files_router
 
-from webui import controllers, drilldown, policies, tools_page, workflows
-from webui.charts import History
+from webui import controllers, drilldown, policies, release_idle, tools_page, workflows
+from webui.overview import ChartCache
 
 HERE = Path(__file__).parent
 PUBLIC_SCOPE = "public"
@@ -32,6 +32,7 @@ HANDLERS = [
     tools_page.tools_page, tools_page.reclaim,
     workflows.workflows_page, workflows.submit_run, workflows.run_page, workflows.run_events,
     workflows.cancel_run,
+    release_idle.confirm_page, release_idle.release,
 ]
 
 
@@ -59,9 +60,9 @@ def create_ui_router(api_base_url: str, *, session_max_age_s: int = 8 * 3600,
         path="/ui",
         route_handlers=[*HANDLERS, static],
         middleware=[session.middleware],
-        # One chart history per router (per daemon), shared by everyone watching.
+        # One read of the stored history per range and few seconds, shared by every viewer.
         opt={"scope": PUBLIC_SCOPE, "ui_api_base": loopback_base(api_base_url),
-             "ui_history": History()},
+             "ui_history": ChartCache()},
         include_in_schema=False,
         response_headers=[
             ResponseHeader(name="Content-Security-Policy", value=CSP),

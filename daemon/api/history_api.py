@@ -31,6 +31,7 @@ from db import history_store
 
 DEFAULT_SPAN_S = 3600.0
 DEFAULT_EVENTS_SPAN_S = 86400.0
+DEFAULT_EVENTS, MAX_EVENTS = 100, 1000
 
 
 def _time(value: str | None, name: str, default: float, now: float) -> float:
@@ -56,6 +57,19 @@ def _names(value: str | None, name: str, known: list[str]) -> list[str] | None:
         raise ApiError(400, f"{name}: unknown {', '.join(unknown)}; one or more of "
                        f"{', '.join(known)}", param=name)
     return names
+
+
+def _limit(value: str | None) -> int:
+    if value is None or value == "":
+        return DEFAULT_EVENTS
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_EVENTS:
+        raise ApiError(400, f"limit must be an integer 1-{MAX_EVENTS}, got {value!r}",
+                       param="limit")
+    return n
 
 
 class HistoryController(Controller):
@@ -100,13 +114,14 @@ class HistoryController(Controller):
         since: str | None = Parameter(default=None, description=(
             "unix seconds, or negative seconds before now; default -86400")),
         kind: str | None = Parameter(default=None, description="comma-separated kinds"),
-        limit: int = Parameter(default=100, ge=1, le=1000),
+        limit: str | None = Parameter(default=None, description="1-1000; default 100"),
     ) -> dict[str, Any]:
         now = history.clock()
+        count = _limit(limit)
         start = _time(since, "since", now - DEFAULT_EVENTS_SPAN_S, now)
         kinds = _names(kind, "kind", KINDS)
         await history.core.writer.flush()
         async with history.core.sessions() as s:
-            rows = await history_store.events(s, start, kinds, limit,
+            rows = await history_store.events(s, start, kinds, count,
                                               tenant=access_of(request).tenant)
         return {"data": rows, "kinds": KINDS, "now": now}

@@ -30,6 +30,9 @@ TENANTS_REMEMBERED = 100_000  # running requests whose tenant a later refusal ma
 SINGLE: dict[str, tuple[str, str, str]] = {
     "worker.registered": ("worker.registered", INFO,
                           "worker {worker_id} registered ({engine}, {model})"),
+    "worker.process.exited": ("worker.exited", ERROR,
+                              "worker {worker_id} process exited with {exit_code}; "
+                              "restarting in {restart_in_s} s"),
     "worker.unhealthy": ("worker.crash", ERROR, "worker {worker_id} stopped answering: {reason}"),
     "worker.gone": ("worker.gone", ERROR, "worker {worker_id} is gone: {reason}"),
     "worker.suspect": ("worker.suspect", WARNING, "worker {worker_id} is suspect: {reason}"),
@@ -66,9 +69,10 @@ CLUSTER_KINDS = {"request.failover", "http.5xx"}  # folded kinds that carry no t
 KINDS = sorted({k for k, _, _ in SINGLE.values()} | {k for k, _, _ in FOLDED.values()}
                | {HTTP_5XX[0]})
 # the only fields of a trace row an event keeps (never a session, program or request id)
-KEPT_FIELDS = ("reason", "error", "engine", "model", "policy", "previous", "rolled_back",
-               "active", "layer", "name", "version", "restored", "restored_version",
-               "timeout_s", "setting", "idle_s", "demand_tokens", "budget_tokens")
+KEPT_FIELDS = ("reason", "error", "exit_code", "restart_in_s", "engine", "model", "policy",
+               "previous", "rolled_back", "active", "layer", "name", "version", "restored",
+               "restored_version", "timeout_s", "setting", "idle_s", "demand_tokens",
+               "budget_tokens")
 
 
 @dataclass

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 # upper bound of the bucket's true percentile, for an average of p99s hides the spike an
 # operator looks for.
 MEAN, MAX = "mean", "max"
+SPAN_GRACE_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +74,8 @@ def pick_tier(tiers: tuple[Tier, ...], since: float, step_s: float, now: float) 
     """Of the tiers that still hold `since`, the coarsest no coarser than `step_s` (or
     the finest, when all are coarser); the coarsest tier when none holds it (what is
     older is gone)."""
-    holding = [t for t in tiers if now - since <= t.keep_s]
+    # a span of just the retention (the last day, asked a moment ago) counts as held
+    holding = [t for t in tiers if now - since <= t.keep_s + SPAN_GRACE_S]
     if not holding:
         return max(tiers, key=lambda t: t.step_s)
     fine_enough = [t for t in holding if t.step_s <= step_s]

@@ -257,6 +257,10 @@ CASES: dict[tuple[str, str], Case] = {
     ("POST", "/ui/actions/session"): Case("/ui/actions/session", 303,
                                           {"id": B_SESSION, "worker_id": "local-sim-0"},
                                           ui=True),
+    # the bulk release's confirmation lists A's own idle programs only (see the lists test)
+    ("GET", "/ui/release-idle"): Case("/ui/release-idle?idle_s=0", OK, ui=True),
+    ("POST", "/ui/actions/release-idle"): Case("/ui/actions/release-idle", 303,
+                                               {"idle_s": "86400"}, ui=True),
     ("GET", "/ui/policies"): Case("/ui/policies", OK, ui=True),
     ("GET", "/ui/policy"): Case("/ui/policy?name=fcfs", (OK, NOT_FOUND), ui=True),
     ("GET", "/ui/policy/diff"): Case("/ui/policy/diff?name=fcfs&a=1&b=1",
@@ -265,6 +269,9 @@ CASES: dict[tuple[str, str], Case] = {
     ("GET", "/ui/tools"): Case("/ui/tools", OK, ui=True),
     ("POST", "/ui/actions/tools/reclaim"): Case("/ui/actions/tools/reclaim", 303, {}, ui=True),
     ("GET", "/ui/workflows"): Case("/ui/workflows", OK, ui=True),
+    # The OpenAPI document as a page and as a download: the same for every tenant.
+    ("GET", "/ui/api"): Case("/ui/api", OK, ui=True),
+    ("GET", "/ui/api/openapi.json"): Case("/ui/api/openapi.json", OK, ui=True),
     ("POST", "/ui/actions/run"): Case("/ui/actions/run", 303,
                                       {"workflow": "b_store", "session_id": B_SESSION,
                                        "args": '{"secret": "x"}'}, ui=True),
@@ -348,6 +355,11 @@ def test_lists_show_a_none_of_b(world: World) -> None:
     assert world.b_request in _req(d, world.b, "GET", f"/v1/workers/{worker}").text
     assert world.b_request not in _req(d, a, "GET", f"/v1/workers/{worker}").text
     assert world.b_request not in world.a_ui.get(f"/ui/worker?id={worker}").text
+    confirm = world.a_ui.get("/ui/release-idle", params={"idle_s": "0"}).text
+    assert B_IDLE not in confirm and B_PROGRAM not in confirm
+    # events of B's tenant are B's; A sees its own and the cluster's
+    assert all(e["tenant"] in (None, "a")
+               for e in _req(d, a, "GET", "/v1/events?limit=1000").json()["data"])
     tenants = _req(d, a, "GET", "/v1/scheduling").json()["tenants"]
     assert "b" not in str(tenants), tenants
     # The owner and the operator do see them.

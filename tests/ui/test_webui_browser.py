@@ -116,7 +116,9 @@ def no_sideways_scroll(page: Any) -> bool:
 
 
 def test_the_dashboard_end_to_end(browser: Any, tmp_path: Path, shots: Path) -> None:
-    d = DaemonProcess(data_dir=tmp_path / "data", workers=2).start()
+    # the charts read the daemon's stored history: a sample a second, so they fill quickly
+    d = DaemonProcess(data_dir=tmp_path / "data", workers=2,
+                      env={"AGENTD_HISTORY_INTERVAL_S": "1"}).start()
     try:
         require_ui(d)
         r = d.post("/v1/workflows", json={"name": "analyst", "entry": "main:main",
@@ -175,7 +177,7 @@ def watch_a_program_appear_then_migrate_it(page: Any, d: DaemonProcess, shots: P
         row = page.locator('#live-programs tr[data-program="browser-p1"]')
         row.wait_for()
         expect(page.locator('figure[data-chart="throughput"] .chart-last')).not_to_have_text(
-            re.compile(r"^(no data yet|0 tokens/s)$"), timeout=20_000)
+            re.compile(r"^(no data in this range|tokens_per_s 0 tokens/s)$"), timeout=20_000)
         page.wait_for_timeout(4000)  # a few more samples: a line, not a dot
     assert page.evaluate("window.__sameDocument") is True
     points = page.locator('figure[data-chart="throughput"] polyline').get_attribute("points")

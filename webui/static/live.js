@@ -72,13 +72,35 @@
     li.appendChild(a); li.appendChild(document.createTextNode(" v" + p.version));
     return li;
   }
+  var SVG = "http://www.w3.org/2000/svg";
   function chart(c) {
     var fig = document.querySelector('figure[data-chart="' + c.key + '"]');
     if (!fig) { return; }
-    fig.querySelector("polyline").setAttribute("points", c.points);
+    var svg = fig.querySelector("svg");
+    svg.querySelectorAll("polyline").forEach(function (p) { svg.removeChild(p); });
+    c.lines.forEach(function (ln) {
+      var p = document.createElementNS(SVG, "polyline");
+      p.setAttribute("class", "chart-line " + ln.cls);
+      p.setAttribute("data-line", ln.name);
+      p.setAttribute("points", ln.points);
+      svg.appendChild(p);
+    });
+    fill(fig.querySelector(".chart-legend"), c.lines.map(function (ln) {
+      var li = el("li"); li.appendChild(el("span", null, "swatch " + ln.cls));
+      li.appendChild(document.createTextNode(ln.name)); return li;
+    }));
     fig.querySelector(".chart-last").textContent = c.last;
     fig.querySelector(".chart-top").textContent = "max " + c.top;
     fig.querySelector(".chart-since").textContent = c.since;
+  }
+  function eventRow(e) {
+    var tr = el("tr"); tr.dataset.event = e.id;
+    tr.appendChild(el("td", ago(e.ts)));
+    var sev = el("td"); sev.appendChild(el("span", e.severity, "badge sev-" + e.severity)); tr.appendChild(sev);
+    tr.appendChild(el("td", e.kind));
+    tr.appendChild(el("td", e.count, "num"));
+    tr.appendChild(el("td", e.message));
+    return tr;
   }
   function overview(snap) {
     fill(document.querySelector("#workers tbody"), snap.workers.map(workerRow));
@@ -86,6 +108,8 @@
     fill(document.getElementById("alerts"), snap.alerts.map(function (a) { return el("p", a, "alert"); }));
     if (snap.policies.length) { fill(document.getElementById("active-policies"), snap.policies.map(policyItem)); }
     snap.charts.forEach(chart);
+    var events = document.querySelector("#events tbody");
+    if (events && snap.events.length) { fill(events, snap.events.map(eventRow)); }
     document.getElementById("queued").textContent = String(snap.queued);
     document.getElementById("programs-total").textContent = String(snap.programs_total);
     stamp(snap.ts);
@@ -138,6 +162,9 @@
     });
   }
 
-  if (document.getElementById("workers")) { follow("/ui/events", "snapshot", overview); }
+  var charts = document.getElementById("charts");
+  if (document.getElementById("workers")) {
+    follow("/ui/events?range=" + encodeURIComponent(charts ? charts.dataset.range : "hour"), "snapshot", overview);
+  }
   document.querySelectorAll("table[data-live]").forEach(table);
 }());
