@@ -36,10 +36,14 @@ class PrefixRouterOptions:
 def cached_tokens(view: KvView, program: ProgramView, worker_id: str) -> int:
     """Tokens of the program's context the daemon believes are cached on `worker_id`.
 
-    Its own context on the worker it runs or last ran on, unless the residency view says
-    its blocks were evicted (unknown counts as cached: a router remembers what it routed
-    and learns of evictions only when told); else its group's shared prefix when another
-    program of the group is resident there (or paused there, not known evicted)."""
+    On the worker it runs or last ran on: as many as the engine's cache events say are
+    cached there (`kv_cached_tokens`, the longest-prefix match a radix tree would give),
+    else its whole context unless the residency view says its blocks were evicted
+    (unknown counts as cached: a router remembers what it routed and learns of evictions
+    only when told). Elsewhere: its group's shared prefix when another program of the
+    group is resident there (or paused there, not known evicted)."""
+    if program.worker_id == worker_id and program.kv_cached_tokens is not None:
+        return min(program.kv_cached_tokens, program.context_tokens)
     if program.worker_id == worker_id and program.kv_resident is not False:
         return program.context_tokens
     if program.prefix_group is None or program.prefix_tokens <= 0:

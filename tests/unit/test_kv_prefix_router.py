@@ -34,6 +34,14 @@ def test_a_known_evicted_program_goes_to_the_least_loaded() -> None:
     assert PrefixRouterPolicy().route(view(unknown, used=(400, 450)), "a", NOW) == "w1"
 
 
+def test_the_cache_events_say_how_much_of_the_context_is_still_there() -> None:
+    mostly = prog("a", P, 300, worker="w1", pending_request=True, kv_cached_tokens=250)
+    little = prog("a", P, 300, worker="w1", pending_request=True, kv_cached_tokens=100)
+    assert PrefixRouterPolicy().route(view(mostly, used=(400, 450)), "a", NOW) == "w1"
+    # 100 of 300 tokens is under the match threshold: the least loaded
+    assert PrefixRouterPolicy().route(view(little, used=(400, 450)), "a", NOW) == "w0"
+
+
 def test_imbalance_overrides_the_cache() -> None:
     # w1 is 0.4 of capacity fuller and over 1.5x w0: balance wins
     v = view(prog("a", A, 300, worker="w1"), used=(200, 600))
