@@ -14,7 +14,15 @@ from litestar.datastructures import ResponseHeader
 from litestar.middleware.session.server_side import ServerSideSessionConfig
 from litestar.static_files import create_static_files_router
 
-from webui import controllers, drilldown, policies, release_idle, tools_page, workflows
+from webui import (
+    api_docs,
+    controllers,
+    drilldown,
+    policies,
+    release_idle,
+    tools_page,
+    workflows,
+)
 from webui.overview import ChartCache
 
 HERE = Path(__file__).parent
@@ -32,6 +40,7 @@ HANDLERS = [
     tools_page.tools_page, tools_page.reclaim,
     workflows.workflows_page, workflows.submit_run, workflows.run_page, workflows.run_events,
     workflows.cancel_run,
+    api_docs.api_page, api_docs.api_document,
     release_idle.confirm_page, release_idle.release,
 ]
 
