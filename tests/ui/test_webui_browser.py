@@ -178,10 +178,12 @@ def watch_a_program_appear_then_migrate_it(page: Any, d: DaemonProcess, shots: P
         row.wait_for()
         expect(page.locator('figure[data-chart="throughput"] .chart-last')).not_to_have_text(
             re.compile(r"^(no data in this range|tokens_per_s 0 tokens/s)$"), timeout=20_000)
-        page.wait_for_timeout(4000)  # a few more samples: a line, not a dot
+        # a few more samples, pushed over SSE: a line, not a dot (the last hour's chart
+        # holds a point per 12 s)
+        line = page.locator('figure[data-chart="throughput"] polyline')
+        wait_for(lambda: len((line.get_attribute("points") or "").split()) >= 3, 60,
+                 "three points on the throughput chart")
     assert page.evaluate("window.__sameDocument") is True
-    points = page.locator('figure[data-chart="throughput"] polyline').get_attribute("points")
-    assert len(points.split()) >= 3
     page.screenshot(path=str(shots / "01-overview.png"), full_page=True)
     publish(shots / "01-overview.png", "webui-overview.png")
 
