@@ -251,10 +251,13 @@ def metric_samples(text: str) -> list[MetricSample]:
 
 
 def metric_sums(text: str) -> dict[str, float]:
-    """Each counter's or gauge's sum over its label sets (tokens over every worker, say)."""
+    """Each sample name's sum over its label sets (tokens over every worker, say); a
+    histogram gives its `_count` and `_sum`, not its buckets (a sum over `le` means nothing),
+    and prometheus_client's `_created` timestamps are left out."""
     out: dict[str, float] = {}
     for name, _, value in metric_samples(text):
-        out[name] = out.get(name, 0.0) + value
+        if not name.endswith(("_bucket", "_created")):
+            out[name] = out.get(name, 0.0) + value
     return out
 
 

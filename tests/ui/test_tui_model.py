@@ -192,8 +192,11 @@ def test_sorts_put_missing_values_last() -> None:
 
 def test_metric_parsing_and_sizes() -> None:
     text = ('# TYPE t_total counter\nt_total{worker="a"} 3\nt_total{worker="b"} 4\n'
-            '# TYPE g gauge\ng 2.5\n')
-    assert metric_sums(text) == {"t_total": 7.0, "g": 2.5}  # a counter over every worker
+            '# TYPE t_created gauge\nt_created{worker="a"} 1.7e9\n'
+            '# TYPE g gauge\ng 2.5\n# TYPE h histogram\nh_bucket{le="1.0"} 2\n'
+            'h_bucket{le="+Inf"} 3\nh_count 3\nh_sum 4.5\n')
+    # a counter over every worker; a histogram's count and sum, not its buckets
+    assert metric_sums(text) == {"t_total": 7.0, "g": 2.5, "h_count": 3.0, "h_sum": 4.5}
     assert [nbytes(v) for v in (None, 512, 1536, 5 * 2**30)] == [
         "-", "512 B", "1.5 KiB", "5.0 GiB"]
 
