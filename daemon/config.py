@@ -46,10 +46,11 @@ class Config:
     request_progress_timeout_s: float = 600.0
     max_body_bytes: int = 4 * 1024 * 1024
     max_tokens_limit: int = 32768
-    kv_policy: str = "agentd"  # vllm-default | sticky | continuum-ttl | thunderagent | agentd
+    # vllm-default | sticky | prefix-router | continuum-ttl | thunderagent | autellix-plas |
+    # agentd (scheduling/kv/registry.py; sources in bench/README.md)
+    kv_policy: str = "agentd"
     # Bound on a ready program's wait for KV; longer trades that bound for throughput
-    # (bench/kv.py ablation, on the replay before it ran the daemon's core: 30 s -> 1.10x
-    # vllm-default at 256 programs, no limit -> 1.88x).
+    # (bench/README.md, "Tuning notes").
     kv_force_resume_s: float = 30.0
     # Where a paused program's residency comes from: "events" (the engine's KV cache events
     # where its worker reports them, else an estimate from token counts) | "estimate" (the
