@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import delete, func, insert, or_, select
+from sqlalchemy import Integer, case, cast, delete, func, insert, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import models
@@ -23,6 +23,23 @@ async def points(s: AsyncSession, step_s: int, since: float, until: float,
     if series:
         query = query.where(P.series.in_(series))
     rows = await s.execute(query.order_by(P.ts, P.id))
+    return [dict(r._mapping) for r in rows]
+
+
+async def bucketed(s: AsyncSession, step_s: int, since: float, until: float,
+                   bucket_s: int, series: list[str] | None, worst_of: list[str]
+                   ) -> list[dict[str, Any]]:
+    """The tier's points in [since, until] folded in the store into buckets of `bucket_s`
+    (each stamped with its start): the mean weighted by samples, or the largest value for
+    the series in `worst_of`; oldest first."""
+    bucket = (cast(P.ts / bucket_s, Integer) * bucket_s).label("ts")
+    mean = func.sum(P.value * P.samples) / func.sum(P.samples)
+    value = case((P.series.in_(worst_of), func.max(P.value)), else_=mean).label("value")
+    query = select(P.series, P.label, bucket, value, func.sum(P.samples).label("samples")
+                   ).where(P.step_s == step_s, P.ts >= since, P.ts <= until)
+    if series:
+        query = query.where(P.series.in_(series))
+    rows = await s.execute(query.group_by(P.series, P.label, bucket).order_by(bucket))
     return [dict(r._mapping) for r in rows]
 
 

@@ -54,22 +54,26 @@ class HistoryStore:
         apart; a rollup tier's newest, not yet folded span comes from the raw samples."""
         await self.writer.flush()
         tier = tiering.pick_tier(self.tiers, since, step_s, self.clock())
+        native = tier.step_s or self.interval_s  # how far apart the tier's points are
+        # coarser than stored: the store folds into the step asked for
+        step = int(step_s) if step_s >= 2 * native else 0
+        worst = [n for n, how in FOLD.items() if how == tiering.MAX]
         async with self.sessions() as s:
-            rows = await store.points(s, tier.step_s, since, until, series)
+            if step:
+                rows = await store.bucketed(s, tier.step_s, since, until, step, series, worst)
+            else:
+                rows = await store.points(s, tier.step_s, since, until, series)
             recent: list[dict[str, Any]] = []
-            if tier.step_s:
+            if tier.step_s:  # what the tier has not folded yet, from the raw samples
                 folded_to = await store.newest(s, tier.step_s)
                 start = since if folded_to is None else max(since, folded_to + tier.step_s)
-                recent = await store.points(s, 0, start, until, series)
-        points = [_point(r) for r in rows]
-        if recent:
-            points += tiering.fold([_point(r) for r in recent], tier.step_s, FOLD)
-        native = tier.step_s or self.interval_s  # how far apart the tier's points are
-        step: float = native
-        if step_s >= 2 * native:  # coarser than stored: fold into the step asked for
-            step = int(step_s)
-            points = tiering.fold(points, int(step), FOLD)
-        return {"since": since, "until": until, "step_s": step, "tier_step_s": tier.step_s,
+                recent = await store.bucketed(s, 0, start, until, max(step, tier.step_s),
+                                              series, worst)
+        points = [_point(r) for r in rows] + [_point(r) for r in recent]
+        if step and recent:  # the raw tail's last bucket may share one with the tier's
+            points = tiering.fold(points, step, FOLD)
+        return {"since": since, "until": until, "step_s": step or native,
+                "tier_step_s": tier.step_s,
                 "series": _grouped(points)}
 
 
