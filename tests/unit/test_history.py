@@ -231,3 +231,51 @@ def test_history_config_keys_have_defaults_and_refuse_bad_values() -> None:
                        ("HISTORY_MINUTE_KEEP_S", "600"), ("HISTORY_EVENTS_KEEP_S", "1")):
         with pytest.raises(ConfigError, match=key.lower()):
             load(env={f"AGENTD_{key}": value})
+
+
+async def test_a_coarse_read_folds_in_the_store_by_mean_and_worst(
+        store_with_writer: Store) -> None:
+    writer, sessions = store_with_writer
+    clock = _Clock()
+    clock.now = 600.0
+    hs = HistoryStore(sessions, writer, TIERS, 10.0, DAY, clock)
+    for t in range(0, 600, 10):  # ten minutes of raw samples
+        hs.add([Point("requests_per_s", "", float(t), float(t % 60)),
+                Point("ttft_p99_s", "", float(t), float(t))])
+    # two minutes a point: the minute tier, empty before a rollup, so all of it from the
+    # raw samples, folded in the store
+    body = await hs.read(None, 0.0, 599.0, 120.0)
+    assert body["tier_step_s"] == 60 and body["step_s"] == 120
+    series = {s["name"]: s["points"] for s in body["series"]}
+    assert series["requests_per_s"] == [[float(b), 25.0] for b in range(0, 600, 120)]
+    assert series["ttft_p99_s"] == [[float(b), float(b + 110)] for b in range(0, 600, 120)]
+    native = await hs.read(["ttft_p99_s"], 0.0, 599.0, 10.0)  # the raw tier, as stored
+    assert native["tier_step_s"] == 0 and native["step_s"] == 10.0
+    assert len(native["series"][0]["points"]) == 60
+
+
+async def test_the_api_s_5xx_answers_are_counted() -> None:
+    from litestar import Litestar, get
+    from litestar.testing import AsyncTestClient
+
+    from daemon.api.errors import EXCEPTION_HANDLERS
+    from daemon.errors import ApiError
+    from daemon.history.http_tally import HttpTally
+
+    @get("/ok")
+    async def ok() -> str:
+        return "ok"
+
+    @get("/busy")
+    async def busy() -> str:
+        raise ApiError(503, "no engine worker is registered yet", "no_workers")
+
+    tally, seen = HttpTally(), list[int]()
+    tally.on_error = seen.append
+    app = Litestar([ok, busy], middleware=[tally.middleware],
+                   exception_handlers=EXCEPTION_HANDLERS)
+    async with AsyncTestClient(app) as client:
+        assert (await client.get("/ok")).status_code == 200
+        assert (await client.get("/busy")).status_code == 503
+        assert (await client.get("/missing")).status_code == 404
+    assert tally.errors_5xx == 1 and seen == [503]
