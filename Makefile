@@ -8,7 +8,7 @@ ENGINE ?= vllm
 MODEL_DIR ?= $(HOME)/.cache/agentd/models/SmolLM2-135M-Instruct
 PYTEST_ARGS ?=
 
-.PHONY: install install-vllm model run test test-fast lint bench bench-gateway bench-kv bench-slo bench-engine \
+.PHONY: install install-vllm model run test test-fast lint bench bench-gateway bench-kv bench-slo bench-engine bench-agentic-real \
 	bench-tools bench-runtime bench-policies bench-lineage soak calibrate clean
 
 $(STAMP): pyproject.toml
@@ -81,6 +81,11 @@ soak: install
 
 bench-engine: model
 	$(PY) -m bench.engine
+
+# A real daemon on a real vLLM CPU worker: KV policies in alternating rounds, with the
+# simulator's error beside each (bench/agentic_real.py); ARGS="--quick" for a smoke run.
+bench-agentic-real: model
+	$(PY) -m bench.agentic_real $(ARGS)
 
 calibrate: model
 	$(VENV)/bin/agentd calibrate --engine vllm --model $(MODEL_DIR) --name smollm2-135m-cpu \
