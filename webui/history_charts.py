@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 CHART_W, CHART_H = 300, 80
-RANGES = {"hour": 3600.0, "day": 86400.0}  # the overview's range selector
+RANGES = {"15m": 900.0, "hour": 3600.0, "day": 86400.0}  # the overview's range selector
 DEFAULT_RANGE = "hour"
 POINTS = 300  # about this many points across a chart
 FAILURE_WINDOW_S = 300.0  # failed / refused requests and 5xx answers raise an alert...
@@ -69,6 +69,8 @@ def _chart(spec: ChartSpec, lines: list[dict[str, Any]], now: float,
     for n, (ln, pts) in enumerate(zip(lines, shown, strict=True)):
         coords = [(CHART_W * (1 - (now - t) / span), CHART_H * (1 - min(v, top) / top))
                   for t, v in pts]
+        if len(coords) == 1:  # a lone point is a line of no length: draw it as a short dash
+            coords.insert(0, (coords[0][0] - 2.0, coords[0][1]))
         name = ln["name"] + (f" {ln['label']}" if ln.get("label") else "")
         out.append({"name": name, "n": len(pts), "cls": f"line-{n % 4}",
                     "points": " ".join(f"{x:.1f},{y:.1f}" for x, y in coords),

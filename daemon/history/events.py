@@ -6,7 +6,8 @@ record it once, as they did. Most kinds become one event each; the kinds that co
 storms (refusals, failures, failovers, expiries, 5xx answers) are folded into one event
 per kind, tenant and worker until the next `flush`, with a count.
 
-Tenancy: an event a tenant's request or program caused carries that tenant; the others
+Tenancy: an event a tenant's request or program caused carries that tenant (or
+UNKNOWN_TENANT, seen by operators only, when it is no longer known); the others
 (workers, policies, the daemon itself, 5xx answers, failovers, which a worker's loss
 causes for whoever ran there) carry none and name no tenant's object: their data holds
 no session, program or request id (daemon/api/history_api.py shows them to every reader).
@@ -24,6 +25,9 @@ log = logging.getLogger("agentd.history")
 
 INFO, WARNING, ERROR = "info", "warning", "error"
 MESSAGE_CHARS = 500
+# The tenant of a request's event when its tenant is no longer known: not a valid tenant
+# name (daemon/access/names.py), so no tenant's token sees it, only operators.
+UNKNOWN_TENANT = "(unknown)"
 TENANTS_REMEMBERED = 100_000  # running requests whose tenant a later refusal may need
 
 # trace kind -> (event kind, severity, message); one event per trace row
@@ -146,6 +150,8 @@ class EventLog:
         event = FOLDED[kind][0]
         if event in CLUSTER_KINDS:
             tenant = None
+        elif tenant is None:  # a tenant's kind whose tenant is not known: operators only
+            tenant = UNKNOWN_TENANT
         worker = row.get("worker_id") if event == "request.failover" else None
         self._fold(event, None if tenant is None else str(tenant), worker, _kept(data),
                    row["ts"])

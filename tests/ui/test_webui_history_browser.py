@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.daemon_process import DaemonProcess
-from tests.ui.test_webui_browser import browser, log_in  # noqa: F401  (a fixture)
+from tests.ui.test_webui_browser import browser, log_in, publish  # noqa: F401  (a fixture)
 from tests.ui.webui_support import require_ui
 from tests.waiting import wait_for
 
@@ -90,6 +90,7 @@ def test_the_overview_shows_history_and_events_on_arrival_after_a_restart(
         expect(page.locator("#live")).to_have_text(re.compile(r"^Live, updated"))
         expect(page.locator('#events tr:has-text("worker.exited")')).to_have_count(1)
         page.screenshot(path=str(shots / "01-overview-history.png"), full_page=True)
+        publish(shots / "01-overview-history.png", "webui-overview-history.png")
 
         # the range selector: the last day reads the minute tier (and its raw tail)
         page.get_by_label("Show the last").select_option("day")

@@ -27,10 +27,10 @@ def test_each_series_is_a_line_placed_by_time_and_value() -> None:
     req = charts["requests"]
     assert [ln["name"] for ln in req["lines"]] == ["requests_per_s", "goodput_per_s"]
     assert req["lines"][0]["points"] == "0.0,80.0 300.0,7.3"  # top = 2.0 * 1.1
-    assert req["lines"][1]["points"] == "150.0,43.6"
+    assert req["lines"][1]["points"] == "148.0,43.6 150.0,43.6"  # a lone point: a dash
     kv = charts["kv"]
     assert [ln["name"] for ln in kv["lines"]] == ["kv_used_pct w0", "kv_used_pct w1"]
-    assert kv["lines"][0]["points"] == "295.0,40.0" and kv["lines"][1]["n"] == 0
+    assert kv["lines"][0]["points"] == "293.0,40.0 295.0,40.0" and kv["lines"][1]["n"] == 0
     assert charts["ttft"]["last"] == "no data in this range" and charts["ttft"]["n"] == 0
     assert req["since"] == "\u22121 h" and charts["kv"]["top"] == "100 %"
 
@@ -48,4 +48,5 @@ def test_alerts_name_recent_failures_and_crashes_only() -> None:
 
 def test_the_range_falls_back_to_the_hour() -> None:
     assert hc.range_of("day") == "day" and hc.range_of("year") == "hour"
+    assert hc.range_of("15m") == "15m" and hc.step_of(hc.RANGES["15m"]) == 3
     assert hc.step_of(hc.RANGES["hour"]) == 12 and hc.step_of(hc.RANGES["day"]) == 288
