@@ -112,8 +112,9 @@ def test_every_page_renders(daemon: DaemonProcess, ui: httpx.Client) -> None:
     assert "local-sim-0" in over.text and "local-sim-1" in over.text
     assert "<meter" in over.text and "render-p1" in over.text
     assert 'src="/ui/static/live.js"' in over.text
-    for chart in ("throughput", "requests", "goodput", "kv"):
+    for chart in ("throughput", "requests", "errors", "ttft", "tpot", "kv", "queue"):
         assert f'data-chart="{chart}"' in over.text
+    assert 'id="events"' in over.text  # the events panel
     active = re.search(r'<ul id="active-policies".*?</ul>', over.text, re.S)
     assert active and 'data-policy="agentd"' in active.group(0)  # the config's kv policy
 

@@ -93,8 +93,7 @@ def test_the_overview_shows_history_and_events_on_arrival_after_a_restart(
         publish(shots / "01-overview-history.png", "webui-overview-history.png")
 
         # the range selector: the last day reads the minute tier (and its raw tail)
-        page.get_by_label("Show the last").select_option("day")
-        page.get_by_role("button", name="Show").click()
+        page.get_by_role("navigation", name="Chart range").get_by_role("link", name="day").click()
         page.wait_for_url(re.compile(r".*/ui/\?range=day$"))
         lines = page.locator('figure[data-chart="requests"] polyline[data-line="requests_per_s"]')
         assert len((lines.get_attribute("points") or "").split()) >= 1

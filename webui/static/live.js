@@ -72,14 +72,13 @@
     li.appendChild(a); li.appendChild(document.createTextNode(" v" + p.version));
     return li;
   }
-  var SVG = "http://www.w3.org/2000/svg";
   function chart(c) {
     var fig = document.querySelector('figure[data-chart="' + c.key + '"]');
     if (!fig) { return; }
     var svg = fig.querySelector("svg");
     svg.querySelectorAll("polyline").forEach(function (p) { svg.removeChild(p); });
     c.lines.forEach(function (ln) {
-      var p = document.createElementNS(SVG, "polyline");
+      var p = document.createElementNS(svg.namespaceURI, "polyline");
       p.setAttribute("class", "chart-line " + ln.cls);
       p.setAttribute("data-line", ln.name);
       p.setAttribute("points", ln.points);
