@@ -176,7 +176,7 @@ def tasks(concs: tuple[int, ...], seeds: tuple[int, ...], ablation: bool
     if not ablation:
         return main, []
     ablated: list[Task] = [(SYNTHETIC, s, c, label, True) for s in seeds
-                           for c in (min(concs), max(concs))
+                           for c in sorted({min(concs), max(concs)})
                            for label in ablation_variants(c == max(concs))]
     return main, ablated
 

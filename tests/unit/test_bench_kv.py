@@ -31,6 +31,8 @@ def test_tasks_replay_the_given_seeds_and_the_ablation_only_when_asked() -> None
     assert {t[3] for t in main} == {*kv.POLICIES, kv.BOUND} and ablated == []
     _, ablated = kv.tasks((16, 64), (0,), ablation=True)
     assert ablated and {t[1] for t in ablated} == {0}
+    _, one = kv.tasks((16,), (0,), ablation=True)
+    assert len(one) == len(set(one)) == len(kv.ablation_variants(True))
 
 
 def _row(policy: str, seed: int | None, tput: float, workload: str = kv.SYNTHETIC,
