@@ -71,6 +71,10 @@ class Config:
     sim_time_scale: float = 1.0
     sim_cost_model: str = ""
     vllm_kv_cache_bytes: int = 256 * 1024 * 1024
+    # Host memory for KV blocks evicted from the GPU (vLLM's CPU offloading): they come back
+    # over PCIe instead of being recomputed. GPU builds only: on the CPU build the KV cache
+    # already lives in host memory, and a worker refuses a non-zero value. 0 = off.
+    vllm_kv_offload_bytes: int = 0
     vllm_max_model_len: int = 2048
     vllm_dtype: str = "float32"
     vllm_block_size: int = 128  # a multiple of 32 on CPU

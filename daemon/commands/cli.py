@@ -131,7 +131,7 @@ def build_engine(args: argparse.Namespace) -> Any:
             block_size=args.block_size or 128, max_model_len=args.max_model_len,
             dtype=args.dtype, enforce_eager=not args.no_enforce_eager,
             max_num_seqs=args.max_batch, tool_call_parser=args.tool_call_parser,
-            chat_template=args.chat_template,
+            chat_template=args.chat_template, kv_offload_bytes=args.kv_offload_bytes,
         )
     except ValueError as exc:  # a setting that cannot work: one line, not a traceback
         raise CliError(str(exc)) from exc
@@ -206,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--cost-model", default="llama3-8b-h100",
                    help="sim: a shipped cost model name or a JSON file from `agentd calibrate`")
     w.add_argument("--kv-cache-bytes", type=int, default=256 * 1024 * 1024, help="vllm")
+    w.add_argument("--kv-offload-bytes", type=int, default=0,
+                   help="vllm on a GPU: host memory for KV blocks evicted from the GPU")
     w.add_argument("--max-model-len", type=int, default=2048, help="vllm")
     w.add_argument("--dtype", default="float32",
                    help="vllm (float32: vLLM's CPU bf16 kernels flip SmolLM2's greedy answers)")

@@ -214,9 +214,15 @@ class Residency:
             parent = self._key_of.get((event.parent_block_hash, primary),
                                       self._key_of.get((event.parent_block_hash, not primary)))
         for i, engine_hash in enumerate(event.block_hashes):
-            if parent is None:
-                return  # its parent was stored before we listened: the chain is unknown
-            key = block_hash(parent, event.token_ids[i * bs:(i + 1) * bs])
+            # A block moving between tiers keeps its engine hash (vLLM's offloading publishes
+            # no tokens for it): its key is the one it had on the other tier.
+            key = self._key_of.get((engine_hash, not primary))
+            if key is None:
+                tokens = event.token_ids[i * bs:(i + 1) * bs]
+                if parent is None or bs <= 0 or len(tokens) < bs:
+                    parent = None  # unknown: so is every block after it in this run
+                    continue
+                key = block_hash(parent, tokens)
             if (engine_hash, primary) not in self._key_of:
                 self._key_of[(engine_hash, primary)] = key
                 self._add(key, primary)

@@ -4,7 +4,8 @@ From the engine itself where it publishes KV cache events (vLLM with `KVEventsCo
 sim engine): its worker mirrors the cache from them and reports, per program, how many
 leading tokens of the program's last context are still cached (daemon/engines/kv_events.py,
 carried by heartbeats into `WorkerState.residency`). A program is resident when all but at
-most one block of that context is cached: the block holding the last token may never be.
+most one block of that context is cached, in the engine's cache or a lower tier it restores
+from (vLLM's CPU offloading): the block holding the last token may never be cached.
 
 For an engine without events, and for a program its worker has not reported since its last
 request ended, the count-based estimate (scheduling/kv/residency.py) answers instead: the
@@ -40,7 +41,9 @@ class KvResidency:
         if self.use_events and worker.kv_events:
             report = worker.residency.get(program_id)
             if report is not None:
-                cached = report.cached_tokens
+                # Blocks in a lower tier (host memory) come back without recompute, at a
+                # transfer some 30x cheaper than their prefill: counted as cached.
+                cached = report.reachable_tokens
                 return cached >= report.context_tokens - worker.block_size, cached
         used = worker.stats.kv_used_tokens if worker.stats else None
         return self.estimator.resident(program_id, worker.id, used), None

@@ -60,6 +60,10 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, help="simulated workers (default: the config's)")
     p.add_argument("--kv-tokens", type=int,
                    help="KV capacity per worker (default: the config's sim_kv_tokens)")
+    p.add_argument("--host-kv-tokens", type=int, default=0,
+                   help="a host-memory tier per worker holding evicted blocks, loaded back "
+                        "over PCIe instead of recomputed (vLLM's CPU offloading on a GPU "
+                        "build; default 0: none)")
     p.add_argument("--cost-model", help="shipped name or JSON file "
                                         "(default: the config's sim_cost_model)")
     p.add_argument("--time-scale", type=float,
@@ -120,7 +124,7 @@ def variants(base: Config, policies: str | None, orderings: str | None) -> list[
 def hardware(args: argparse.Namespace, cfg: Config) -> Hardware:
     return Hardware(
         workers=args.workers if args.workers is not None else max(1, cfg.workers),
-        kv_tokens=args.kv_tokens or cfg.sim_kv_tokens,
+        kv_tokens=args.kv_tokens or cfg.sim_kv_tokens, host_kv_tokens=args.host_kv_tokens,
         cost_model=args.cost_model or cfg.sim_cost_model or Hardware.cost_model,
         time_scale=args.time_scale if args.time_scale is not None else cfg.sim_time_scale,
         max_num_seqs=args.max_batch, max_batched_tokens=args.max_batched_tokens)

@@ -61,12 +61,14 @@ class Hardware:
     max_batched_tokens: int = 2048
     block_size: int = 16
     time_scale: float = 1.0  # multiplies modelled step time
+    host_kv_tokens: int = 0  # per worker: a host-memory tier for evicted blocks (GPU offload)
 
     def scheduler_config(self) -> SchedulerConfig:
         # The model length stays a real model's, so a large KV does not unbound requests.
         return SchedulerConfig.from_capacity(
             self.kv_tokens, block_size=self.block_size, max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_batched_tokens, max_model_len=131_072)
+            max_num_batched_tokens=self.max_batched_tokens, max_model_len=131_072,
+            host_kv_tokens=self.host_kv_tokens)
 
     def cost(self) -> CostModel:
         cost, s = load_cost_model(self.cost_model), self.time_scale

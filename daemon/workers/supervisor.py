@@ -42,6 +42,8 @@ def worker_command(cfg: Config, endpoint: str, worker_id: str) -> list[str]:
         cmd += ["--kv-cache-bytes", str(cfg.vllm_kv_cache_bytes),
                 "--max-model-len", str(cfg.vllm_max_model_len), "--dtype", cfg.vllm_dtype,
                 "--block-size", str(cfg.vllm_block_size)]
+        if cfg.vllm_kv_offload_bytes:
+            cmd += ["--kv-offload-bytes", str(cfg.vllm_kv_offload_bytes)]
         if cfg.vllm_cuda_graphs:
             cmd.append("--no-enforce-eager")
         if cfg.vllm_tool_call_parser:

@@ -55,7 +55,8 @@ class ProgramView:
     Policies act on it only when it is known: a preference (go home, restore first, no
     recompute) needs True, a demotion (rank with new programs) needs False, so an unknown
     residency gets the issue's plain order. `kv_cached_tokens` is how much of its context
-    is cached there, when the events say (None otherwise).
+    is cached there, in the engine's cache or a host tier it restores from without
+    recompute, when the events say (None otherwise).
     """
 
     program_id: str

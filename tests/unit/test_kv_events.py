@@ -25,8 +25,8 @@ BS = 4
 
 def stored(hashes: list[bytes], tokens: list[int], parent: bytes | None = None,
            medium: str = "GPU") -> BlockStored:
-    return BlockStored(block_hashes=list[bytes | int](hashes), parent_block_hash=parent, token_ids=tokens,
-                       block_size=BS, medium=medium)
+    return BlockStored(block_hashes=list[bytes | int](hashes), parent_block_hash=parent,
+                       token_ids=tokens, block_size=BS, medium=medium)
 
 
 def test_a_programs_context_is_cached_as_far_as_its_blocks_are_stored() -> None:
@@ -168,3 +168,31 @@ def test_the_sim_engines_events_give_what_its_next_request_finds_cached() -> Non
             expected = min(reported.cached_tokens, (len(prompt) - 1) // BS * BS)
             assert abs(req.num_cached_tokens - expected) <= BS, (step, pid)
     s.kv.pool.check()
+
+
+def test_a_host_tier_keeps_evicted_blocks_loadable_and_reported_reachable() -> None:
+    """Like vLLM's CPU offloading: a program's blocks evicted from the pool go to host memory,
+    its residency says reachable (not cached), and its next request loads them back instead
+    of prefilling them, paying the transfer."""
+    s = SimScheduler(SchedulerConfig(block_size=BS, num_blocks=12, host_kv_blocks=64), COST)
+    a = _run(s, "a0", "a", list(range(100, 124)), out=2)  # 24 prompt tokens: 6 blocks
+    s.residency.take_report()
+    for n in range(3):  # others' prompts evict a's blocks from the 12-block pool
+        _run(s, f"b{n}", f"b{n}", [9000 + 100 * n + i for i in range(40)], out=1)
+    report = s.residency.of("a")
+    assert report is not None and report.cached_tokens == 0
+    assert report.reachable_tokens == report.context_tokens == 24
+    before = s.num_loaded_tokens
+    nxt = _run(s, "a1", "a", [*a.all_token_ids, 1, 2, 3], out=1)
+    assert nxt.num_cached_tokens == 24 and s.num_loaded_tokens - before == 24
+    s.kv.pool.check()
+
+
+def test_without_a_host_tier_evicted_blocks_are_recomputed() -> None:
+    s = SimScheduler(SchedulerConfig(block_size=BS, num_blocks=12), COST)
+    a = _run(s, "a0", "a", list(range(100, 124)), out=2)
+    for n in range(3):
+        _run(s, f"b{n}", f"b{n}", [9000 + 100 * n + i for i in range(40)], out=1)
+    report = s.residency.of("a")
+    assert report is not None and report.reachable_tokens == 0
+    assert _run(s, "a1", "a", [*a.all_token_ids, 1, 2, 3], out=1).num_cached_tokens == 0

@@ -75,3 +75,21 @@ def test_fetch_into_a_half_written_default_directory_is_one_readable_line(
     assert failed.stderr.count("\n") == 1
     assert "is not a finished conversion" in failed.stderr
     assert "Traceback" not in failed.stderr
+
+
+def test_kv_offload_reaches_the_worker_command_and_the_cpu_build_refuses_it() -> None:
+    assert "--kv-offload-bytes" not in _vllm_cmd({})
+    cmd = _vllm_cmd({"AGENTD_VLLM_KV_OFFLOAD_BYTES": str(8 << 30)})
+    assert cmd[cmd.index("--kv-offload-bytes") + 1] == str(8 << 30)
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed")
+    from daemon.engines.vllm.engine import VllmEngine, on_cpu_build
+
+    if not on_cpu_build():
+        pytest.skip("a GPU build: offloading is allowed there")
+    with pytest.raises(ValueError, match="needs a GPU build"):
+        VllmEngine("/nonexistent", kv_offload_bytes=1 << 30)

@@ -12,6 +12,11 @@ free block) and pop from the front (eviction) are both O(1).
 Like vLLM with `KVEventsConfig`, the pool records which blocks enter and leave the prefix map
 (``events``: ``BlockStored`` / ``BlockRemoved``, daemon/engines/kv_events.py) for whoever
 drains them; the daemon learns residency from them.
+
+A ``HostTier`` models vLLM's CPU offloading (`kv_offloading_size` on a GPU build): a block
+evicted from the pool is kept in host memory (an LRU of its hash, medium "CPU" in the
+events), and a later request loads a run of them back instead of recomputing it, paying the
+transfer (``SchedulerConfig.host_load_s_per_token``) rather than the prefill.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class BlockPool:
         self.evictions = 0
         # Cache events since the owner last drained them (None: not recorded).
         self.events: list[KvEvent] | None = None
+        self.host: HostTier | None = None  # where evicted blocks go, if anywhere
 
     @property
     def num_free(self) -> int:
@@ -103,7 +109,7 @@ class BlockPool:
         if n > len(self._free):
             raise RuntimeError(f"asked for {n} blocks with {len(self._free)} free")
         out: list[KVBlock] = []
-        evicted: list[int | bytes] = []
+        evicted: list[int] = []
         for _ in range(n):
             _, b = self._free.popitem(last=False)
             if b.block_hash is not None:
@@ -113,8 +119,12 @@ class BlockPool:
                 self.evictions += 1
             b.ref_cnt = 1
             out.append(b)
-        if evicted and self.events is not None:
-            self.events.append(BlockRemoved(block_hashes=evicted, medium="GPU"))
+        if evicted:
+            if self.host is not None:  # stored there before they leave here, as vLLM does
+                self.host.store(evicted, self.events)
+            if self.events is not None:
+                self.events.append(BlockRemoved(block_hashes=list[int | bytes](evicted),
+                                                medium="GPU"))
         return out
 
     def cache(self, block: KVBlock, h: int) -> bool:
@@ -150,6 +160,48 @@ class BlockPool:
         assert len(hashed) == len(self.cached)
 
 
+class HostTier:
+    """Blocks kept in host memory after their eviction from the pool: an LRU of hashes."""
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks <= 0:
+            raise ValueError("a host tier needs at least one block")
+        self.num_blocks = num_blocks
+        self._lru: OrderedDict[int, None] = OrderedDict()
+        self.loaded_blocks = 0
+
+    def __contains__(self, h: int) -> bool:
+        return h in self._lru
+
+    def store(self, hashes: list[int], events: list[KvEvent] | None) -> None:
+        dropped: list[int | bytes] = []
+        stored: list[int | bytes] = []
+        for h in hashes:
+            if h in self._lru:
+                self._lru.move_to_end(h)
+                continue
+            self._lru[h] = None
+            stored.append(h)
+            if len(self._lru) > self.num_blocks:
+                dropped.append(self._lru.popitem(last=False)[0])
+        if events is not None:
+            if stored:  # named by the hash the pool published: no tokens needed
+                events.append(BlockStored(block_hashes=stored, parent_block_hash=None,
+                                          token_ids=[], block_size=0, medium="CPU"))
+            if dropped:
+                events.append(BlockRemoved(block_hashes=dropped, medium="CPU"))
+
+    def run(self, hashes: Sequence[int]) -> int:
+        """How many of `hashes`, from the first, are held here."""
+        n = 0
+        for h in hashes:
+            if h not in self._lru:
+                break
+            self._lru.move_to_end(h)
+            n += 1
+        return n
+
+
 class KVRequest(Protocol):
     """What the KV manager needs of a request (``SimRequest`` provides it)."""
 
@@ -167,8 +219,11 @@ class KVCacheManager:
     ``hits``.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 host_blocks: int = 0):
         self.pool = BlockPool(num_blocks, block_size)
+        if host_blocks:
+            self.pool.host = HostTier(host_blocks)
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.req_blocks: dict[str, list[KVBlock]] = {}
@@ -201,6 +256,15 @@ class KVCacheManager:
         hits = self.pool.lookup_chain(req.block_hashes, max_blocks)
         self.hits += len(hits) * self.block_size
         return hits
+
+    def host_run(self, req: KVRequest, start: int) -> int:
+        """Blocks of the request's prefix after its first `start` (the pool's hits) that the
+        host tier holds: loaded instead of recomputed. Same one-token rule as the pool's."""
+        host = self.pool.host
+        if host is None or not self.enable_prefix_caching:
+            return 0
+        max_blocks = (len(req.all_token_ids) - 1) // self.block_size
+        return host.run(req.block_hashes[start:max_blocks])
 
     def allocate_slots(
         self, req: KVRequest, num_new_tokens: int, computed: Sequence[KVBlock] = ()

@@ -50,6 +50,13 @@ class SchedulerConfig:
     # Longest sequence (prompt + output) allowed; defaults to the whole KV capacity, which also
     # guarantees that a request running alone always fits, so the scheduler cannot livelock.
     max_model_len: int | None = None
+    # A host-memory tier for evicted blocks (vLLM's CPU offloading on a GPU build): how many
+    # blocks it holds (0 = none) and what loading one token back costs. The transfer is
+    # PCIe: 64 GB/s a direction for 5.0 x16 by the PCI-SIG's figure, about 50 GB/s achieved;
+    # Llama-3-8B's KV is 128 KiB a token (32 layers x 8 KV heads x 128 x K and V x 2 bytes),
+    # so 2.6 us a token, some 30x cheaper than prefilling it (cost_models/llama3-8b-h100).
+    host_kv_blocks: int = 0
+    host_load_s_per_token: float = 2.6e-6
 
     @classmethod
     def from_capacity(
@@ -62,8 +69,10 @@ class SchedulerConfig:
         enable_chunked_prefill: bool = True,
         enable_prefix_caching: bool = True,
         max_model_len: int | None = None,
+        host_kv_tokens: int = 0,
     ) -> SchedulerConfig:
-        """A config whose pool holds ``kv_capacity_tokens`` rounded down to whole blocks."""
+        """A config whose pool holds ``kv_capacity_tokens`` rounded down to whole blocks (and
+        whose host tier ``host_kv_tokens``)."""
         return cls(
             block_size=block_size,
             num_blocks=kv_capacity_tokens // block_size,
@@ -72,6 +81,7 @@ class SchedulerConfig:
             enable_chunked_prefill=enable_chunked_prefill,
             enable_prefix_caching=enable_prefix_caching,
             max_model_len=max_model_len,
+            host_kv_blocks=host_kv_tokens // block_size,
         )
 
     @property
@@ -180,7 +190,9 @@ class SimScheduler:
     def __init__(self, config: SchedulerConfig, cost_model: CostModel) -> None:
         self.config = config
         self.cost = cost_model
-        self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching,
+                                 config.host_kv_blocks)
+        self._load_tokens = 0  # tokens loaded from the host tier for the step being built
         # Programs' residency from the cache's events, as a vLLM worker learns it from vLLM's.
         self.residency = Residency(config.block_size)
         self.kv.pool.events = []
@@ -190,6 +202,7 @@ class SimScheduler:
         self.num_steps = 0
         self.num_preemptions = 0
         self.num_generated_tokens = 0
+        self.num_loaded_tokens = 0  # from the host tier
 
     # --- driver interface -------------------------------------------------------------------
 
@@ -290,13 +303,17 @@ class SimScheduler:
         while waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = waiting[0]
             computed = self.kv.get_computed_blocks(req)
-            num_cached = len(computed) * cfg.block_size
+            # What the host tier holds after the pool's hits is loaded, not prefilled: it
+            # needs blocks in the pool but none of the step's token budget.
+            loaded = self.kv.host_run(req, len(computed)) * cfg.block_size
+            num_cached = len(computed) * cfg.block_size + loaded
             num_new = req.num_tokens - num_cached
             if not cfg.enable_chunked_prefill and num_new > budget:
                 break
             num_new = min(num_new, budget)
-            if not self.kv.allocate_slots(req, num_new, computed):
+            if not self.kv.allocate_slots(req, num_new + loaded, computed):
                 break
+            self._load_tokens += loaded
             waiting.popleft()
             req.num_computed_tokens = num_cached
             if req.num_cached_tokens < 0:
@@ -358,13 +375,19 @@ class SimScheduler:
         self.num_steps += 1
         self.num_generated_tokens += sum(1 for o in outputs if o.new_token_ids)
         return StepResult(
-            duration_s=self.cost.step_time(prefill_tokens, decode_seqs, context, pairs),
+            duration_s=self.cost.step_time(prefill_tokens, decode_seqs, context, pairs)
+            + self._take_load_s(),
             outputs=outputs,
             num_prefill_tokens=prefill_tokens,
             num_decode_seqs=decode_seqs,
             num_context_tokens=context,
             preempted=tuple(r.request_id for r in preempted),
         )
+
+    def _take_load_s(self) -> float:
+        loaded, self._load_tokens = self._load_tokens, 0
+        self.num_loaded_tokens += loaded
+        return loaded * self.config.host_load_s_per_token
 
     def _finish(self, req: SimRequest, reason: str) -> None:
         self.kv.free(req)

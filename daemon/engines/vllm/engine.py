@@ -72,7 +72,14 @@ class VllmEngine:
         load_format: str = "auto",
         tool_call_parser: str = "",
         chat_template: str = "",
+        kv_offload_bytes: int = 0,
     ) -> None:
+        if kv_offload_bytes < 0:
+            raise ValueError(f"kv_offload_bytes must be >= 0, got {kv_offload_bytes}")
+        if kv_offload_bytes and on_cpu_build():
+            raise ValueError("vllm_kv_offload_bytes needs a GPU build of vLLM: on the CPU "
+                             "build the KV cache already lives in host memory; set it to 0")
+        self._kv_offload_bytes = kv_offload_bytes
         if block_size % 32:
             # vLLM's CPU attention backend fails at start otherwise; say so up front.
             raise ValueError(f"block_size must be a multiple of 32 on CPU, got {block_size}")
@@ -124,6 +131,9 @@ class VllmEngine:
             max_num_seqs=self.max_batch,
             # Our stat logger is the only consumer; vLLM's periodic log lines are noise.
             disable_log_stats=True,
+            # Evicted blocks go to host memory and are published with medium "CPU": the
+            # residency the worker reports counts them as reachable.
+            kv_offloading_size=self._kv_offload_bytes / 2**30 or None,
             kv_events_config=KVEventsConfig(
                 enable_kv_cache_events=True, publisher="zmq",
                 endpoint=self._events_endpoint),
@@ -313,6 +323,12 @@ class VllmEngine:
         if self._tokenizer is None:
             raise VllmEngineError("the vLLM engine is not running (start() not awaited?)")
         return self._tokenizer
+
+
+def on_cpu_build() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
 
 
 class _RequestState:
