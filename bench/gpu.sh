@@ -4,7 +4,8 @@
 # Installs plain vLLM (scripts/install-vllm.sh picks it when nvidia-smi works) unless
 # .venv/bin/python already imports it (a machine without internet: bench/gpu_offline_install.sh),
 # converts SmolLM2, runs every vLLM test file with the real parts required, fits the sim's cost
-# model to this GPU (bf16, CUDA graphs) and runs the engine benchmark on the same settings.
+# model to this GPU (bf16, CUDA graphs), runs the engine benchmark on the same settings and
+# the KV policies on the real engine with and without CPU offloading.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tests=1
@@ -39,4 +40,11 @@ cost="$out/smollm2-135m-$gpu.json"
 .venv/bin/python -m bench.engine --dtype bfloat16 --cuda-graphs --cost-model "$cost" 2>&1 \
     | tee "$out/bench-engine.log"
 cp bench/results/engine.json bench/results/engine.png "$out/"
+# KV policies on the real engine (bench/agentic_real.py), without and with vLLM's CPU
+# offloading of evicted blocks (vllm_kv_offload_bytes: 1 GiB of host memory).
+for offload in 0 $((1 << 30)); do
+    .venv/bin/python -m bench.agentic_real --dtype bfloat16 --offload-bytes "$offload" \
+        --suffix "_gpu_offload$offload" 2>&1 | tee "$out/bench-agentic-real-$offload.log"
+    cp "bench/results/agentic_real_gpu_offload$offload".{json,png} "$out/"
+done
 exit "$tests_rc"
