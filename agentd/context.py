@@ -186,6 +186,7 @@ class Context:
             raise ValueError("fork(n): n must be at least 1")
         if self._pending:
             self.fill()
+        self._note("fork", {"n": n})
         return [copy.copy(self) for _ in range(n)]
 
     def snapshot(self, name: str) -> Context:
@@ -195,7 +196,7 @@ class Context:
         if self._pending:
             self.fill()
         self._request("PUT", f"/contexts/snapshots/{name}",
-                      {"model": self.model, "token_ids": self._ids})
+                      {"model": self.model, "token_ids": self._ids, **self._ids_body()})
         return self
 
     @classmethod
@@ -241,14 +242,30 @@ class Context:
         if self._endpoint.program_id is None:
             raise ValueError(f"Context.{what} needs a program: run in a workflow, or give "
                              "Context(program_id=...)")
-        body: dict[str, Any] = {"program_id": self._endpoint.program_id}
+        return self._ids_body()
+
+    def _ids_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {}
+        if self._endpoint.program_id is not None:
+            body["program_id"] = self._endpoint.program_id
         if self._endpoint.session_id is not None:
             body["session_id"] = self._endpoint.session_id
         return body
 
+    def _note(self, kind: str, extra: dict[str, Any]) -> None:
+        """Tell the daemon of a fork or drop, for the program's trace: only a context with
+        a program has one (in local mode without `program_id` each call is its own)."""
+        if self._endpoint.program_id is not None:
+            self._request("POST", f"/contexts/{kind}",
+                          {**self._ids_body(), "tokens": len(self._ids), **extra})
+
     def drop(self) -> None:
         """Forget the context: later use raises ContextDropped. Its KV blocks stay in the
-        engine's prefix cache as free blocks until the engine evicts them."""
+        engine's prefix cache as free blocks until the engine evicts them. Dropping a
+        dropped context does nothing."""
+        if self._dropped:
+            return
+        self._note("drop", {})
         self._ids, self._pending, self._dropped = [], [], True
 
     def __copy__(self) -> Context:

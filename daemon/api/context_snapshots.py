@@ -29,6 +29,10 @@ class SnapshotIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     token_ids: Annotated[list[TokenId], msgspec.Meta(max_length=1 << 20)]
     tenant: str | None = None  # operator tokens only, as everywhere
+    # The program taking the snapshot, for its trace (`context.snapshot`); none: untraced
+    # to a session.
+    program_id: str | None = None
+    session_id: str | None = None
 
 
 @dataclass(frozen=True)

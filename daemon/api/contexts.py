@@ -9,6 +9,8 @@ forks and programs is the engine's prefix cache.
 - `POST /v1/contexts/generate`: one generate (or, with `fill_only`, one prefill).
 - `POST /v1/contexts/idle`: the program waits on a tool (`with ctx.idle():`).
 - `POST /v1/contexts/pin`: the program is never paused while pinned (daemon/api/context_pins.py).
+- `POST /v1/contexts/fork`, `POST /v1/contexts/drop`: a program forked or dropped a context
+  (both happen in the program, on ids it holds): recorded in its session's trace.
 - `PUT|GET|DELETE /v1/contexts/snapshots/{name}`: a named prefix of the caller's tenant
   (daemon/api/snapshots.py); another tenant's name is unknown (404).
 
@@ -98,6 +100,19 @@ class PinRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tenant: str | None = None
 
 
+MAX_FORK = 1024
+
+
+class NoteRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A fork or a drop the program made: `tokens` the context held, `n` the children."""
+
+    program_id: str
+    tokens: Annotated[int, msgspec.Meta(ge=0, le=MAX_CONTEXT_TOKENS)]
+    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_FORK)] = 1
+    session_id: str | None = None
+    tenant: str | None = None
+
+
 class ContextsController(Controller):
     path = "/v1/contexts"
     tags = ["contexts"]
@@ -153,6 +168,16 @@ class ContextsController(Controller):
         context_pins.of(request).set(core, program, tenant, body.pinned)
         return {"program_id": program.id, "pinned": program.pinned}
 
+    @post("/fork", status_code=200, opt={"scope": SUBMIT},
+          summary="A program forked a context (Context.fork): recorded in its trace")
+    async def fork(self, request: Request[Any, Any, Any], core: Core) -> dict[str, Any]:
+        return await _note(request, core, "fork")
+
+    @post("/drop", status_code=200, opt={"scope": SUBMIT},
+          summary="A program dropped a context (Context.drop): recorded in its trace")
+    async def drop(self, request: Request[Any, Any, Any], core: Core) -> dict[str, Any]:
+        return await _note(request, core, "drop")
+
     @put("/snapshots/{name:str}", status_code=200, opt={"scope": SUBMIT},
          summary="Keep a context's token ids under a name, for the caller's tenant")
     async def put_snapshot(self, request: Request[Any, Any, Any], core: Core,
@@ -162,7 +187,14 @@ class ContextsController(Controller):
         if not body.token_ids:
             raise ApiError(400, "a snapshot holds at least one token", param="token_ids")
         tenant = await request_tenant(request, core, body.tenant)
+        # The program taking it, when named: checked like any other, so the trace is its.
+        program = None if body.program_id is None else await _program(
+            core, request, _Common(model="", program_id=body.program_id,
+                                   session_id=body.session_id), tenant)
         snapshot = snapshots.of(request).put(tenant, name, body.model, list(body.token_ids))
+        core.writer.trace("context.snapshot", name=name, tokens=len(snapshot.token_ids),
+                          session_id=program.session_id if program else None,
+                          program_id=program.id if program else None)
         return snapshot.summary()
 
     @get("/snapshots/{name:str}", opt={"scope": (READ, SUBMIT)},
@@ -181,6 +213,19 @@ class ContextsController(Controller):
         _check_name(name)
         tenant = await request_tenant(request, core, request.query_params.get("tenant"))
         snapshots.of(request).delete(tenant, name)
+
+
+async def _note(request: Request[Any, Any, Any], core: Core, kind: str) -> dict[str, Any]:
+    body = decode_request(await request.body(), NoteRequest)
+    if kind == "drop" and body.n != 1:
+        raise ApiError(400, "n: a drop drops one context", param="n")
+    tenant = await request_tenant(request, core, body.tenant)
+    ids = _Common(model="", program_id=body.program_id, session_id=body.session_id)
+    program = await _program(core, request, ids, tenant)
+    extra = {"children": body.n} if kind == "fork" else {}
+    core.writer.trace(f"context.{kind}", session_id=program.session_id,
+                      program_id=program.id, tokens=body.tokens, **extra)
+    return {"program_id": program.id, "kind": kind, "tokens": body.tokens, **extra}
 
 
 def _check_name(name: str) -> None:
@@ -273,6 +318,10 @@ async def _respond(core: Core, request: Request[Any, Any, Any], req: RequestStat
     ephemeral = body.program_id is None and "x-program-id" not in request.headers
     since = core.writer.mark()
     items, finish = await until_finish(core, req, program.id, ephemeral)
+    if body.fill_only:
+        core.writer.trace("context.fill", session_id=program.session_id,
+                          program_id=program.id, request_id=req.id,
+                          tokens=finish.prompt_tokens, cached_tokens=finish.cached_tokens)
     if not await _finish_recorded(core, since):
         raise ApiError(503, "the generate finished but the store could not record it; retry",
                        "store_unavailable")

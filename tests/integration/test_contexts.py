@@ -216,3 +216,46 @@ def test_pin_keeps_the_program_resident_and_is_bounded(daemon: DaemonProcess,
     assert kinds.count("context.pinned") == 9 and kinds.count("context.unpinned") == 1
     with pytest.raises(ValueError, match="needs a program"):
         agentd.Context(MODEL).pin()
+
+
+def test_the_trace_shows_fills_forks_snapshots_and_drops(daemon: DaemonProcess,
+                                                         local: None) -> None:
+    ctx = agentd.Context(MODEL, program_id="p-life", session_id="s-life").user("doc " * 50)
+    ctx.fill()
+    filled = len(ctx.token_ids)
+    ctx.snapshot("life-docs")
+    a, _ = ctx.fork(2)
+    a.user("left").generate(max_tokens=2)
+    held = len(a.token_ids)
+    a.drop()
+    a.drop()  # once dropped, nothing more to record
+    events = [e for e in daemon.get("/v1/sessions/s-life/trace").json()["data"]
+              if e["kind"].startswith("context.")]
+    assert [e["kind"] for e in events] == ["context.fill", "context.snapshot", "context.fork",
+                                           "context.drop"]
+    fill, snapshot, fork, drop = (e["data"] for e in events)
+    assert all(e["program_id"] == "p-life" for e in events)
+    assert fill["tokens"] == filled and fill["cached_tokens"] >= 0
+    assert events[0]["request_id"]
+    assert snapshot == {"name": "life-docs", "tokens": filled}
+    assert fork == {"tokens": filled, "children": 2}
+    assert drop == {"tokens": held}
+    agentd.Context.delete_snapshot("life-docs")
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/contexts/fork", {"program_id": "p-x", "tokens": 3, "n": 0}, "n"),
+    ("/v1/contexts/fork", {"program_id": "p-x", "tokens": -1}, "tokens"),
+    ("/v1/contexts/drop", {"program_id": "p-x", "tokens": 3, "n": 2}, "n"),
+    ("/v1/contexts/drop", {"program_id": "bad id", "tokens": 3}, "program_id"),
+])
+def test_bad_fork_and_drop_notes(daemon: DaemonProcess, path: str, body: dict[str, Any],
+                                 param: str) -> None:
+    r = daemon.post(path, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.text
+
+
+def test_a_fork_note_names_its_program(daemon: DaemonProcess) -> None:
+    r = daemon.post("/v1/contexts/fork", json={"tokens": 3})
+    assert r.status_code == 400 and "`program_id`" in r.json()["error"]["message"]

@@ -151,6 +151,10 @@ CASES: dict[tuple[str, str], Case] = {
         "program_id": B_PROGRAM, "state": "start"}),
     ("POST", "/v1/contexts/pin"): Case("/v1/contexts/pin", NOT_FOUND, {
         "program_id": B_PROGRAM, "pinned": True}),
+    ("POST", "/v1/contexts/fork"): Case("/v1/contexts/fork", NOT_FOUND, {
+        "program_id": B_PROGRAM, "tokens": 1, "n": 2}),
+    ("POST", "/v1/contexts/drop"): Case("/v1/contexts/drop", NOT_FOUND, {
+        "program_id": B_PROGRAM, "tokens": 1}),
     ("GET", "/v1/contexts/snapshots/{name:str}"): Case(f"/v1/contexts/snapshots/{B_SNAPSHOT}",
                                                        NOT_FOUND),
     ("DELETE", "/v1/contexts/snapshots/{name:str}"): Case(
