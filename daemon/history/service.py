@@ -41,7 +41,9 @@ class History:
                              cfg.history_ten_minute_keep_s),
             cfg.history_interval_s, cfg.history_events_keep_s, self.clock)
         self.tally = tally
-        self.stats = IntervalStats(self.clock())
+        # The counters are this process's, from zero: the first interval's rates count
+        # from the start (a storm before the first sample is not lost).
+        self.stats = IntervalStats(self.clock(), last=self.gauges())
         self.events = EventLog(lambda row: core.writer.insert("events", row), self.clock)
         self._tasks: list[asyncio.Task[None]] = []
 

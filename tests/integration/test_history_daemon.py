@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -142,3 +143,36 @@ def test_a_read_only_token_reads_history(world: tuple[DaemonProcess, str, str],
     assert httpx.get(f"{d.url}/v1/history", timeout=10).status_code == 401
     assert d.get("/v1/history?since=-60", token=viewer).status_code == 200
     assert d.get("/v1/events", token=viewer).status_code == 200
+
+
+def test_a_storm_of_503s_is_a_few_events_with_their_count(tmp_path: Path) -> None:
+    """No worker yet: every chat request is answered 503. They are counted into the
+    http_5xx_per_s series and folded into one http.5xx event per sample interval."""
+    d = DaemonProcess(tmp_path / "data", workers=0, env={"AGENTD_HISTORY_INTERVAL_S": "1"})
+    d.start(wait_workers=0)
+    try:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2}
+        storm = 300
+        started = time.monotonic()
+        with httpx.Client(base_url=d.url, headers=d.auth_headers(), timeout=10) as c:
+            for _ in range(storm):
+                assert c.post("/v1/chat/completions", json=body).status_code == 503
+        lasted_s = time.monotonic() - started
+
+        def folded() -> list[dict[str, Any]]:
+            rows = _events(d, query="&kind=http.5xx")
+            return rows if sum(e["count"] for e in rows) >= storm else []
+
+        rows = wait_for(folded, 15, lambda: f"{storm} 5xx answers folded: "
+                                            f"{_events(d, query='&kind=http.5xx')}")
+        assert sum(e["count"] for e in rows) == storm
+        print(f"{storm} answers 503 in {lasted_s:.1f} s -> {len(rows)} http.5xx event(s)")
+        # one row per sample interval (1 s) the storm lasted, not one per answer
+        assert len(rows) <= lasted_s / 1.0 + 2, (len(rows), lasted_s)
+        assert all(e["data"]["statuses"].keys() == {"503"} for e in rows)
+        rate = wait_for(lambda: [p for p in _series(d, "http_5xx_per_s") if p[1] > 0], 10,
+                        "a sample with 5xx answers")
+        assert rate
+    finally:
+        d.stop()
