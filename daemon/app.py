@@ -28,6 +28,8 @@ from daemon.api.tools_api import ToolsController
 from daemon.api.whoami import WhoamiController
 from daemon.api.workflows_wiring import install_workflows
 from daemon.config import Config
+from daemon.content import settings as content_settings
+from daemon.content.capture import ContentCapture
 from daemon.core import data_dir, interpreter_tuning, recovery
 from daemon.core.core import Core
 from daemon.history.http_tally import HttpTally
@@ -68,6 +70,10 @@ class Daemon:
             await auth.ensure_first_token(sessions, cfg.config_path)
         recovered = await recovery.recover(sessions, writer)
         core = Core(cfg, writer, sessions)
+        # prompts, completions and tool arguments of the tenants that trace content
+        core.on_request_end.append(ContentCapture(
+            content_settings.from_config(cfg), core.slo.tagging.tenants.get, writer.insert,
+            core.clock).request_ended)
         await core.load_known_sessions()
         await core.start()
         self.history = History(core, self.tally)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -10,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import platformdirs
+
+from daemon.content.settings import DEFAULT_REDACT
 
 MIN_RESULT_BYTES = 1024
 
@@ -117,6 +120,14 @@ class Config:
     history_minute_keep_s: float = 86400.0
     history_ten_minute_keep_s: float = 7 * 86400.0
     history_events_keep_s: float = 7 * 86400.0
+    # Content tracing (daemon/content/): store each request's prompt, completion and tool
+    # arguments, redacted by content_redact's patterns and cut at content_max_chars a field;
+    # off unless turned on here or in a tenant's [slo.tenants.NAME] `content_tracing`.
+    content_tracing: bool = False
+    content_max_chars: int = 16384
+    content_redact: list[str] = field(default_factory=lambda: list(DEFAULT_REDACT))
+    # [prices.MODEL] prompt_per_mtok = X, completion_per_mtok = Y: a cost beside token totals
+    prices: dict[str, Any] = field(default_factory=dict)
     # Tool specs by name, from the config file's [tools.NAME] tables.
     tools: dict[str, Any] = field(default_factory=dict)
 
@@ -151,8 +162,10 @@ def _coerce(key: str, value: Any) -> Any:
     try:
         if kind is bool:
             return str(value).lower() in ("1", "true", "yes", "on")
+        if kind is list and isinstance(value, str):  # from the environment: a JSON list
+            value = json.loads(value)
         return kind(value)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError) as exc:  # json's errors are ValueErrors
         raise ConfigError(f"config key '{key}': expected {kind.__name__}, got {value!r}") from exc
 
 
@@ -252,6 +265,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"lineage_idle_s must be > 0, got {cfg.lineage_idle_s!r}")
     _check_idle_timeouts(cfg)
     _check_history(cfg)
+    _check_content(cfg)
     if not cfg.runtime_resource_wait_s >= 0:
         raise ConfigError("runtime_resource_wait_s must be >= 0 (0: no wait)")
     if cfg.max_result_bytes < MIN_RESULT_BYTES:
@@ -286,6 +300,16 @@ def _check_history(cfg: Config) -> None:
                        ("history_events_keep_s", 60.0)):
         if not getattr(cfg, key) >= least:
             raise ConfigError(f"{key} must be >= {least:.0f}, got {getattr(cfg, key)!r}")
+
+
+def _check_content(cfg: Config) -> None:
+    from daemon.content.settings import parse
+
+    try:
+        parse(cfg.content_tracing, cfg.content_max_chars, cfg.content_redact,
+              cfg.slo.get("tenants", {}), cfg.prices)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def is_loopback(host: str) -> bool:

@@ -239,3 +239,24 @@ class OperatorEvent(Base):
     count: Mapped[int] = mapped_column(Integer, default=1)
     message: Mapped[str] = mapped_column(Text)
     data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class RequestContent(Base):
+    """What a request said and answered, for tenants that turn content tracing on
+    (`content_tracing`; daemon/content/): its prompt as JSON (the chat messages, or the
+    prompt text), its completion and its tool calls' arguments, each redacted and cut at
+    `content_max_chars` before it is stored. Kept apart from `requests` so that the rows
+    every request has stay small and a tenant without tracing costs nothing here."""
+
+    __tablename__ = "request_contents"
+    __table_args__ = (Index("ix_request_contents_session", "session_id"),)
+
+    request_id: Mapped[str] = mapped_column(ForeignKey("requests.id"), primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(128))
+    program_id: Mapped[str] = mapped_column(String(128))
+    prompt: Mapped[Any] = mapped_column(JSON)  # {"messages": [...]} | {"prompt": "..."}
+    completion: Mapped[str] = mapped_column(Text, default="")
+    tool_calls: Mapped[list[Any]] = mapped_column(JSON, default=list)  # [{name, arguments}]
+    truncated: Mapped[bool] = mapped_column(Boolean, default=False)  # a field was cut
+    redactions: Mapped[int] = mapped_column(Integer, default=0)  # matches replaced
+    created_at: Mapped[float] = mapped_column(Float)

@@ -58,8 +58,10 @@ def parse_tenants(raw: Any) -> tuple[dict[str, float], dict[str, dict[TaskType, 
         problem = tenant_problem(name)
         if problem is not None:
             raise ValueError(f"config key '{key}': {problem}")
-        # program_idle_timeout_s: read by daemon/core/expiry.py (scheduling/kv/idle.py)
-        table = _mapping(key, entry, {"weight", "slo", "program_idle_timeout_s"})
+        # program_idle_timeout_s: read by daemon/core/expiry.py (scheduling/kv/idle.py);
+        # content_tracing: by daemon/content/settings.py
+        table = _mapping(key, entry, {"weight", "slo", "program_idle_timeout_s",
+                                      "content_tracing"})
         if "weight" in table:
             weights[name] = number(f"{key}.weight", table["weight"], float)
             if not weights[name] > 0:
