@@ -37,8 +37,8 @@ CHARTS = (
     ChartSpec("tpot", "Time per output token p50 / p95 / p99", "s",
               ("tpot_p50_s", "tpot_p95_s", "tpot_p99_s")),
     ChartSpec("kv", "KV cache used, per worker", "%", ("kv_used_pct",), y_max=100.0),
-    ChartSpec("queue", "Queue length and paused programs", "",
-              ("queue_length", "paused_programs")),
+    ChartSpec("queue", "Queue length, paused programs, pauses per second", "",
+              ("queue_length", "paused_programs", "pauses_per_s")),
 )
 SERIES = sorted({s for c in CHARTS for s in c.series})
 

@@ -35,6 +35,7 @@ SERIES: dict[str, tuple[str, str]] = {
     "kv_used_pct": ("KV cache used, percent, per worker (label)", MEAN),
     "queue_length": ("requests in the global waiting queue", MEAN),
     "paused_programs": ("programs PAUSED (KV evicted, waiting to be restored)", MEAN),
+    "pauses_per_s": ("programs the KV policy paused, per second", MEAN),
     "healthy_workers": ("workers that are healthy", MEAN),
 }
 FOLD = {name: how for name, (_, how) in SERIES.items()}
@@ -69,6 +70,7 @@ class Gauges:
     good_total: int  # the SLO stack's count of requests within both SLOs
     refused_total: int  # ... and of admission refusals
     http_5xx_total: int
+    pauses_total: int = 0  # the KV policy's pauses
 
 
 @dataclass
@@ -102,6 +104,8 @@ class IntervalStats:
                       _delta(self.last.refused_total, g.refused_total) / span),
                 Point("http_5xx_per_s", "", now,
                       _delta(self.last.http_5xx_total, g.http_5xx_total) / span),
+                Point("pauses_per_s", "", now,
+                      _delta(self.last.pauses_total, g.pauses_total) / span),
             ]
         points += _percentiles("ttft", now, (e.ttft_s for e in finished))
         points += _percentiles("tpot", now, (e.tpot_s for e in finished))

@@ -41,6 +41,7 @@ class History:
                              cfg.history_ten_minute_keep_s),
             cfg.history_interval_s, cfg.history_events_keep_s, self.clock)
         self.tally = tally
+        self.pauses = 0  # the KV policy's pauses, counted from their trace events
         # The counters are this process's, from zero: the first interval's rates count
         # from the start (a storm before the first sample is not lost).
         self.stats = IntervalStats(self.clock(), last=self.gauges())
@@ -48,7 +49,7 @@ class History:
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
-        self.core.writer.trace_observers.append(self.events.observe)
+        self.core.writer.trace_observers += [self.events.observe, self._count_pauses]
         self.tally.on_error = self.events.http_answer
         self.core.on_request_end.append(self._request_ended)
         self._tasks = [asyncio.create_task(self._sample_loop(), name="history-sample"),
@@ -73,6 +74,9 @@ class History:
         self.stats.on_end(Ended(req.status == RequestStatus.FINISHED, req.output_tokens,
                                 ttft, tpot))
 
+    def _count_pauses(self, row: dict[str, object]) -> None:
+        self.pauses += row["kind"] == "kv.pause"
+
     def gauges(self) -> Gauges:
         core = self.core
         kv = {}
@@ -86,7 +90,7 @@ class History:
                                 for p in core.programs.values()),
             healthy_workers=sum(w.healthy for w in core.workers.values()),
             good_total=core.slo.stats.met, refused_total=core.slo.stats.refusals,
-            http_5xx_total=self.tally.errors_5xx)
+            http_5xx_total=self.tally.errors_5xx, pauses_total=self.pauses)
 
     def sample(self) -> list[Point]:
         """Take one sample and queue it (with the folded events) on the writer."""

@@ -57,10 +57,10 @@ def test_one_interval_gives_rates_percentiles_and_gauges() -> None:
     assert first["kv_used_pct:w0"] == 50.0 and first["queue_length"] == 3
     # counters need a previous sample for a rate: none in the first interval
     assert "goodput_per_s" not in first and "refused_per_s" not in first
-    second = _values(stats.take(115.0, _gauges(good=8, refused=2, http=5)))
+    second = _values(stats.take(115.0, _gauges(good=8, refused=2, http=5, pauses_total=10)))
     assert second["goodput_per_s"] == pytest.approx(1.0)  # 5 more over 5 s
     assert second["refused_per_s"] == 0.0 and second["http_5xx_per_s"] == pytest.approx(1.0)
-    assert second["requests_per_s"] == 0.0
+    assert second["requests_per_s"] == 0.0 and second["pauses_per_s"] == pytest.approx(2.0)
     assert "ttft_p50_s" not in second  # nothing ended: no made-up latency
 
 
