@@ -8,6 +8,7 @@ from daemon.workers.counts import (
     ProtocolTallies,
     clean_delta,
     clean_finish,
+    clean_residency,
     clean_stats,
     register_problem,
 )
@@ -93,3 +94,13 @@ def test_tallies_log_once_count_always_and_render() -> None:
     assert 'agentd_worker_bad_counts_total{worker="w0"} 2' in rendered
     assert 'agentd_request_stalls_total{worker="w0"} 2' in rendered
     assert 'agentd_worker_registrations_refused_total{reason="key"} 103' in rendered
+
+
+def test_residency_entries_out_of_range_are_dropped() -> None:
+    ok = protocol.ProgramResidency(256, 128, 192)
+    report = {"a": ok, "b": protocol.ProgramResidency(64, 96, 96),  # cached past its context
+              "c": protocol.ProgramResidency(64, -1, 0),
+              "d": protocol.ProgramResidency(10_000, 9_000, 9_000)}  # more than the worker holds
+    kept, problems = clean_residency(report, capacity_tokens=4096)
+    assert kept == {"a": ok} and len(problems) == 1 and "3 programs" in problems[0]
+    assert clean_residency({"a": ok}, 4096) == ({"a": ok}, [])
