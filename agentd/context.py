@@ -73,6 +73,9 @@ class Generation:
     logprobs: tuple[TokenLogprob, ...] | None  # when asked for
     prompt_tokens: int
     cached_tokens: int  # prompt tokens the engine served from its prefix cache
+    # Leading tokens shared with other programs through the snapshot the context was opened
+    # from (the KV layer holds them once); 0 when none, or the snapshot changed or went.
+    shared_prefix_tokens: int = 0
 
 
 class Context:
@@ -88,6 +91,7 @@ class Context:
         self._ids: list[int] = [int(t) for t in token_ids]
         self._pending: list[dict[str, str]] = []
         self._dropped = False
+        self._snapshot: str | None = None  # opened from it: its programs share its ids
 
     # --- what it holds ----------------------------------------------------------------
 
@@ -197,6 +201,7 @@ class Context:
             self.fill()
         self._request("PUT", f"/contexts/snapshots/{name}",
                       {"model": self.model, "token_ids": self._ids, **self._ids_body()})
+        self._snapshot = name  # shared from now on with the programs that open it
         return self
 
     @classmethod
@@ -205,8 +210,10 @@ class Context:
         """A context holding the tokens of the tenant's snapshot `name`."""
         probe = cls(program_id=program_id, session_id=session_id)
         body = probe._request("GET", f"/contexts/snapshots/{name}", None)
-        return cls(str(body["model"]), program_id=program_id, session_id=session_id,
-                   token_ids=body["token_ids"])
+        ctx = cls(str(body["model"]), program_id=program_id, session_id=session_id,
+                  token_ids=body["token_ids"])
+        ctx._snapshot = name  # every generate names it: the KV layer holds its ids once
+        return ctx
 
     @classmethod
     def delete_snapshot(cls, name: str) -> None:
@@ -272,7 +279,7 @@ class Context:
         child = Context.__new__(Context)
         child._endpoint, child._model = self._endpoint, self._model
         child._ids, child._pending = list(self._ids), list(self._pending)
-        child._dropped = False
+        child._dropped, child._snapshot = False, self._snapshot
         return child
 
     # --- the wire ---------------------------------------------------------------------
@@ -292,6 +299,8 @@ class Context:
             body["program_id"] = self._endpoint.program_id
         if self._endpoint.session_id is not None:
             body["session_id"] = self._endpoint.session_id
+        if self._snapshot is not None:
+            body["snapshot"] = self._snapshot
         return self._request("POST", "/contexts/generate", body)
 
     def _commit(self, answer: dict[str, Any], keep_output: bool) -> None:
@@ -330,4 +339,5 @@ def _generation(answer: dict[str, Any]) -> Generation:
     return Generation(text=str(answer["text"]), token_ids=tuple(answer["token_ids"]),
                       finish_reason=str(answer["finish_reason"]), logprobs=logprobs,
                       prompt_tokens=int(usage["prompt_tokens"]),
-                      cached_tokens=int(usage["cached_tokens"]))
+                      cached_tokens=int(usage["cached_tokens"]),
+                      shared_prefix_tokens=int(answer.get("shared_prefix_tokens", 0)))

@@ -108,6 +108,10 @@ class ProgramState:
     kv_grant: tuple[str, str | None] | None = None
     tool_time_sum: float = 0.0
     tool_time_count: int = 0
+    # The leading tokens its last context shares with other programs (a context opened
+    # from a snapshot, daemon/api/contexts.py): the KV view's prefix group, held once.
+    prefix_group: str | None = None
+    prefix_tokens: int = 0
 
     @property
     def tool_time_mean_s(self) -> float | None:

@@ -84,6 +84,10 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     session_id: str | None = None
     priority: Priority = 0
     tenant: str | None = None
+    # The tenant's snapshot the context was opened from (Context.open): while its ids still
+    # lead token_ids, the program shares them with every program opened from it, and the
+    # KV view holds them once (a prefix group); the answer's `shared_prefix_tokens` says.
+    snapshot: str | None = None
 
 
 class IdleRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -131,11 +135,14 @@ class ContextsController(Controller):
         admit(request, core, len(body.token_ids) + sum(len(s.text) for s in segments),
               "token_ids", tenant)
         ids = _Common(model=body.model, program_id=body.program_id, session_id=body.session_id)
+        shared = _shared_prefix(request, tenant, body)
         program = await _program(core, request, ids, tenant)
+        # Set before the submit, so the view that routes this request sees the group.
+        program.prefix_group, program.prefix_tokens = shared
         req = core.submit(program, "context", body.model, sampling,
                           prompt_token_ids=list(body.token_ids), segments=segments,
                           priority=body.priority)
-        return await _respond(core, request, req, body, program)
+        return await _respond(core, request, req, body, program, shared[1])
 
     @post("/idle", status_code=200, opt={"scope": SUBMIT},
           summary="A program's tool wait starts or ends (Context.idle)")
@@ -228,6 +235,23 @@ async def _note(request: Request[Any, Any, Any], core: Core, kind: str) -> dict[
     return {"program_id": program.id, "kind": kind, "tokens": body.tokens, **extra}
 
 
+def _shared_prefix(request: Request[Any, Any, Any], tenant: str,
+                   body: GenerateRequest) -> tuple[str | None, int]:
+    """(prefix group, its tokens) of a context opened from a snapshot, or (None, 0) when
+    it names none, or names one since deleted or replaced (its ids no longer lead)."""
+    if body.snapshot is None:
+        return None, 0
+    if (problem := id_problem(body.snapshot)) is not None:
+        raise ApiError(400, f"snapshot {problem}", param="snapshot")
+    try:
+        ids = snapshots.of(request).get(tenant, body.snapshot).token_ids
+    except ApiError:
+        return None, 0
+    if tuple(body.token_ids[:len(ids)]) != ids:
+        return None, 0
+    return f"snapshot:{tenant}/{body.snapshot}", len(ids)
+
+
 def _check_name(name: str) -> None:
     if (problem := id_problem(name)) is not None:
         raise ApiError(400, f"name {problem}", param="name")
@@ -314,7 +338,8 @@ def _logit_bias(bias: dict[str, float]) -> dict[int, float]:
 
 
 async def _respond(core: Core, request: Request[Any, Any, Any], req: RequestState,
-                   body: GenerateRequest, program: ProgramState) -> Response[Any]:
+                   body: GenerateRequest, program: ProgramState,
+                   shared_tokens: int) -> Response[Any]:
     ephemeral = body.program_id is None and "x-program-id" not in request.headers
     since = core.writer.mark()
     items, finish = await until_finish(core, req, program.id, ephemeral)
@@ -327,11 +352,12 @@ async def _respond(core: Core, request: Request[Any, Any, Any], req: RequestStat
                        "store_unavailable")
     headers = {"X-Program-Id": program.id, "X-Session-Id": program.session_id,
                "X-Request-Id": req.id}
-    return Response(_answer(req, items, finish, body.fill_only), headers=headers)
+    return Response(_answer(req, items, finish, body.fill_only, shared_tokens),
+                    headers=headers)
 
 
 def _answer(req: RequestState, items: list[StreamItem], finish: Finish,
-            fill_only: bool) -> dict[str, Any]:
+            fill_only: bool, shared_prefix_tokens: int) -> dict[str, Any]:
     tokens = [t for i in items for t in i.logprobs or ()]
     return {
         "id": req.id, "model": req.model, "program_id": req.program_id,
@@ -341,6 +367,7 @@ def _answer(req: RequestState, items: list[StreamItem], finish: Finish,
         "text": "" if fill_only else "".join(i.text for i in items),
         "finish_reason": "fill" if fill_only else finish.reason,
         "logprobs": None if req.sampling.logprobs is None else [_logprob(t) for t in tokens],
+        "shared_prefix_tokens": shared_prefix_tokens,
         "usage": {"prompt_tokens": finish.prompt_tokens,
                   "cached_tokens": finish.cached_tokens,
                   "completion_tokens": 0 if fill_only else finish.output_tokens},

@@ -233,7 +233,8 @@ class ProgramViews:
             context = _context(p, requests)
             key = (p.status, context, p.worker_id, p.acting_since, p.ready_since,
                    p.ready_request is not None, p.pinned, p.pause_marked, p.tool_time_sum,
-                   p.tool_time_count, p.migrate_to, p.created_at,
+                   p.tool_time_count, p.migrate_to, p.created_at, p.prefix_group,
+                   p.prefix_tokens,
                    clock.key() if clock else None, resident)
             hit = cache.get(p.id)
             if hit is None or hit[0] != key:
@@ -269,6 +270,7 @@ def _program_view(p: ProgramState, clock: ToolClock | None = None,
         pinned=p.pinned, pause_marked=p.pause_marked,
         tool_time_mean_s=p.tool_time_mean_s if measured is None else measured,
         kv_resident=kv_resident, kv_cached_tokens=kv_cached_tokens, migrate_to=p.migrate_to,
+        prefix_group=p.prefix_group, prefix_tokens=p.prefix_tokens,
         tool_running=bool(clock and clock.running),
         tool_last_s=clock.last_s if clock else None, tool_ended_at=ended_at,
     )

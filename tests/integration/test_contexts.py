@@ -259,3 +259,27 @@ def test_bad_fork_and_drop_notes(daemon: DaemonProcess, path: str, body: dict[st
 def test_a_fork_note_names_its_program(daemon: DaemonProcess) -> None:
     r = daemon.post("/v1/contexts/fork", json={"tokens": 3})
     assert r.status_code == 400 and "`program_id`" in r.json()["error"]["message"]
+
+
+def test_contexts_opened_from_a_snapshot_share_its_prefix(daemon: DaemonProcess,
+                                                          local: None) -> None:
+    """The answer says how many leading tokens the program shares through the snapshot
+    (the KV view's prefix group): all of it while its ids lead, none once it changed."""
+    maker = agentd.Context(MODEL, program_id="p-share-0").system("repository summary " * 40)
+    maker.snapshot("shared-summary")
+    size = len(maker.token_ids)
+    assert maker.user("q0").generate(max_tokens=2).shared_prefix_tokens == size
+    opened = [agentd.Context.open("shared-summary", program_id=f"p-share-{i}")
+              for i in (1, 2)]
+    outs = [ctx.user(f"question {i}").generate(max_tokens=2) for i, ctx in enumerate(opened)]
+    assert [o.shared_prefix_tokens for o in outs] == [size, size]
+    child, = opened[0].fork(1)
+    assert child.user("more").generate(max_tokens=1).shared_prefix_tokens == size
+    assert agentd.Context(MODEL).user("x").generate(max_tokens=1).shared_prefix_tokens == 0
+    # Replaced under the same name: the old ids no longer lead, nothing is shared.
+    agentd.Context(MODEL).system("another summary").snapshot("shared-summary")
+    assert opened[1].user("again").generate(max_tokens=1).shared_prefix_tokens == 0
+    agentd.Context.delete_snapshot("shared-summary")
+    assert opened[1].user("gone").generate(max_tokens=1).shared_prefix_tokens == 0
+    r = _generate(daemon, token_ids=[1], snapshot="a b")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "snapshot"

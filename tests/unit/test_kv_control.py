@@ -12,6 +12,7 @@ from daemon.state import ProgramState, ProgramStatus, WorkerState
 from daemon.workers.protocol import ProgramResidency, WorkerStats
 from scheduling.kv import KvView, ProgramView, WorkerView
 from scheduling.kv.agentd import AgentdOptions, AgentdPolicy
+from scheduling.kv.ledger import Ledger
 from scheduling.kv.tool_clock import ToolClocks
 
 S = ProgramStatus
@@ -28,6 +29,8 @@ FIELDS = {
     "migrate_to": st.sampled_from([None, "w1"]),
     "tool_time_sum": st.sampled_from([0.0, 1.5, 4.0]),
     "tool_time_count": st.integers(0, 3),
+    "prefix_group": st.sampled_from([None, "snapshot:t/docs"]),
+    "prefix_tokens": st.sampled_from([0, 300]),
 }
 EDITS = st.lists(st.tuples(st.integers(0, 7), st.sampled_from(sorted(FIELDS)), st.data()),
                  max_size=40)
@@ -225,3 +228,19 @@ def test_a_ready_or_running_request_counts_in_its_programs_context() -> None:
     assert view.context_tokens == 3040
     (view,) = ProgramViews().build([running])  # no request known: the last one's context
     assert view.context_tokens == 100
+
+
+def test_programs_opened_from_one_snapshot_hold_its_prefix_once() -> None:
+    """Two contexts opened from a 300-token snapshot, each 500 tokens, on one worker: the
+    view carries the snapshot as their prefix group, so a ledger that shares prefixes
+    books 300 + 200 + 200 tokens, not 1000; a third program outside the group books all."""
+    programs = [ProgramState(f"p{i}", "s", S.ACTING, 0.0, 0.0, worker_id="w0",
+                             context_tokens=500, prefix_group="snapshot:t/docs",
+                             prefix_tokens=300) for i in range(2)]
+    lone = ProgramState("lone", "s", S.ACTING, 0.0, 0.0, worker_id="w0", context_tokens=500)
+    views = ProgramViews().build([*programs, lone])
+    assert [(v.prefix_group, v.prefix_tokens) for v in views] == [
+        ("snapshot:t/docs", 300), ("snapshot:t/docs", 300), (None, 0)]
+    view = KvView((WorkerView("w0", 4000),), views)
+    assert Ledger(view, lambda _: 1.0, share_prefix=True).demand("w0") == 300 + 200 + 200 + 500
+    assert Ledger(view, lambda _: 1.0).demand("w0") == 1500  # a policy that shares nothing
