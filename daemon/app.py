@@ -14,6 +14,7 @@ from litestar.openapi import OpenAPIConfig
 
 from daemon.access import auth
 from daemon.api import drain, tenants
+from daemon.api.content_api import ContentController
 from daemon.api.contexts import ContextsController
 from daemon.api.drilldown import DrilldownController
 from daemon.api.errors import EXCEPTION_HANDLERS, ErrorSchemaPlugin
@@ -124,6 +125,7 @@ def create_app(config: Config) -> Litestar:
                         RestController,
                         OperatorController, OpsController, ToolsController, SchedulingController,
                         DrilldownController, WhoamiController, HistoryController,
+                        ContentController,
                         drain.DrainController, create_ui_router(config.base_url)],
         before_request=drain.refuse_while_draining,
         guards=[auth.require_scope, tenants.require_owner],

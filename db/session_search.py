@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, String, and_, cast, exists, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import models
@@ -18,10 +18,15 @@ SESSION_SORTS = ("created_at", "updated_at", "id", "tenant", "priority", "progra
 
 @dataclass(frozen=True)
 class SessionQuery:
-    contains: str = ""  # in the id, any case
+    # in the id, or in a stored prompt, completion or tool call of one of its requests
+    # (content tracing), any case
+    contains: str = ""
     tenant: str = ""  # exactly
     sort: str = "created_at"
     descending: bool = True
+    # active in [since, until]: created, or a request queued, in it (unix seconds)
+    since: float | None = None
+    until: float | None = None
 
 
 async def search_sessions(
@@ -39,7 +44,10 @@ async def search_sessions(
     programs = func.coalesce(counts.c.programs, 0)
     where = []
     if query.contains:
-        where.append(models.Session.id.icontains(query.contains, autoescape=True))
+        where.append(or_(models.Session.id.icontains(query.contains, autoescape=True),
+                         _content_contains(query.contains)))
+    if query.since is not None or query.until is not None:
+        where.append(_active_between(query.since, query.until))
     if query.tenant:
         where.append(models.Session.tenant == query.tenant)
     total = await s.scalar(select(func.count()).select_from(models.Session).where(*where))
@@ -56,3 +64,28 @@ async def search_sessions(
         .offset(offset)
     )
     return [{**as_dict(sess), "programs": n} for sess, n in rows.all()], int(total or 0)
+
+
+def _content_contains(text: str) -> ColumnElement[bool]:
+    """A request of the session stored content holding `text` (LIKE, any case). The JSON
+    columns are read as their text, so a prompt's message or a call's arguments match."""
+    c = models.RequestContent
+    return exists().where(
+        c.session_id == models.Session.id,
+        or_(c.completion.icontains(text, autoescape=True),
+            cast(c.prompt, String).icontains(text, autoescape=True),
+            cast(c.tool_calls, String).icontains(text, autoescape=True)))
+
+
+def _active_between(since: float | None, until: float | None) -> ColumnElement[bool]:
+    def within(column: ColumnElement[float] | Any) -> ColumnElement[bool]:
+        bounds = []
+        if since is not None:
+            bounds.append(column >= since)
+        if until is not None:
+            bounds.append(column <= until)
+        return and_(*bounds)
+
+    r = models.Request
+    return or_(within(models.Session.created_at),
+               exists().where(r.session_id == models.Session.id, within(r.queued_at)))

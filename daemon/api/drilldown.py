@@ -21,6 +21,7 @@ from daemon.api.tenants import access_of
 from daemon.core.core import Core
 from daemon.errors import ApiError
 from daemon.state import RequestState, RequestStatus
+from db import content_store
 from db import repositories as repo
 
 WORKER_REQUESTS = 50  # a worker page lists this many of its newest requests by default
@@ -41,10 +42,12 @@ class DrilldownController(Controller):
         await core.writer.flush()
         async with core.sessions() as s:
             row = await repo.get_request(s, request_id)
+            # what it said and answered, where its tenant traces content (daemon/content/)
+            content = await content_store.get_content(s, request_id)
         if row is None:
             raise ApiError(404, f"unknown request '{request_id}'", "not_found",
                            param="request_id")
-        return _live_request(core.requests.get(request_id), row)
+        return {**_live_request(core.requests.get(request_id), row), "content": content}
 
     @get("/workers/{worker_id:str}",
          summary="One worker: live stats, or what the store remembers of it; its requests")

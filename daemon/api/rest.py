@@ -10,16 +10,21 @@ from litestar import Controller, Request, Response, get, post
 from litestar.params import Parameter
 
 from daemon.access.auth import OPERATOR, PUBLIC, READ, SUBMIT, principal_of
+from daemon.api.content_api import settings_of, time_bound
 from daemon.api.errors import decode_body
 from daemon.api.tenants import access_of
+from daemon.content.usage import usage
 from daemon.core import operations
 from daemon.core.core import Core
 from daemon.errors import ApiError
 from daemon.metrics import CONTENT_TYPE
 from daemon.state import WorkerState
+from db import content_store
 from db import repositories as repo
 from db.session_search import SESSION_SORTS, SessionQuery, search_sessions
 
+_TIME_HELP = ("active from/until: unix seconds, negative seconds before now, or ISO 8601; "
+              "a session is active when created, or a request of it queued, in the range")
 _STATUSES = ("QUEUED", "REASONING", "ACTING", "PAUSED", "STOPPED", "FAILED")
 
 
@@ -143,9 +148,10 @@ class RestController(Controller):
         await core.writer.flush()
         async with core.sessions() as s:
             row = await repo.get_program(s, program_id)
+            totals = await content_store.program_totals(s, program_id)
         if row is None:
             raise ApiError(404, f"unknown program '{program_id}'", "not_found")
-        return _live(core, row)
+        return {**_live(core, row), "usage": usage(totals, settings_of(core).prices)}
 
     @post("/programs/release-idle", status_code=200, opt={"scope": SUBMIT},
           summary="End every program idle for at least idle_s (a tenant's own; an "
@@ -170,16 +176,25 @@ class RestController(Controller):
         program = await core.release_program(program_id)
         return {"id": program.id, "status": program.status.value}
 
-    @get("/sessions", summary="Sessions, newest first; filter by id or tenant, sort, page")
+    @get("/sessions", summary="Sessions, newest first; search by text (id or stored "
+                              "content), tenant and time range; sort, page")
     async def sessions(
         self, core: Core, request: Request[Any, Any, Any],
         limit: int = Parameter(default=100, ge=1, le=1000),
         offset: int = Parameter(default=0, ge=0, le=2**62),
-        q: str = Parameter(default="", max_length=128, description="the id contains (any case)"),
+        q: str = Parameter(default="", max_length=128,
+                           description="the id, or a stored prompt, completion or tool call "
+                                       "of its requests, contains (any case)"),
         tenant: str = Parameter(default="", max_length=128),
         sort: str = Parameter(default="created_at", description=", ".join(SESSION_SORTS)),
         order: str = Parameter(default="desc", description="asc or desc"),
+        since: str | None = Parameter(default=None, description=_TIME_HELP),
+        until: str | None = Parameter(default=None, description=_TIME_HELP),
     ) -> dict[str, Any]:
+        now = time.time()
+        after, before = time_bound(since, "since", now), time_bound(until, "until", now)
+        if after is not None and before is not None and after > before:
+            raise ApiError(400, "until must not be before since", param="until")
         if sort not in SESSION_SORTS:
             raise ApiError(400, f"sort must be one of {', '.join(SESSION_SORTS)}", param="sort")
         if order not in ("asc", "desc"):
@@ -192,7 +207,8 @@ class RestController(Controller):
         await core.writer.flush()
         async with core.sessions() as s:
             rows, total = await search_sessions(
-                s, SessionQuery(q, tenant, sort, order == "desc"), limit, offset)
+                s, SessionQuery(q, tenant, sort, order == "desc", after, before), limit,
+                offset)
         return {"data": rows, "total": total}
 
     @get("/sessions/{session_id:str}", summary="One session with its programs")
@@ -200,9 +216,11 @@ class RestController(Controller):
         await core.writer.flush()
         async with core.sessions() as s:
             row = await repo.get_session(s, session_id)
+            totals = await content_store.session_totals(s, session_id)
         if row is None:
             raise ApiError(404, f"unknown session '{session_id}'", "not_found")
         row["programs"] = [_live(core, p) for p in row["programs"]]
+        row["usage"] = usage(totals, settings_of(core).prices)
         return row
 
     @get("/sessions/{session_id:str}/trace", summary="The session's trace events, oldest first")

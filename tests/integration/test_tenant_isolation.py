@@ -26,6 +26,7 @@ MODEL = "sim-llama3-8b"
 ARG_SECRET = f"arg-{uuid.uuid4().hex}"  # B's run argument, then B's managed state
 RESULT_SECRET = f"result-{uuid.uuid4().hex}"
 RESPONSE_SECRET = f"instructions-{uuid.uuid4().hex}"  # B's stored response's instructions
+CONTENT_SECRET = f"prompt-{uuid.uuid4().hex}"  # B's prompt, stored by content tracing
 B_SESSION, B_PROGRAM, B_IDLE = "b-sess", "b-prog", "b-idle"
 B_SNAPSHOT, B_SNAPSHOT_IDS = "b-snap", [7, 7, 7]  # a context snapshot: names are per tenant
 
@@ -90,7 +91,8 @@ def _run(d: DaemonProcess, token: str, body: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    d = DaemonProcess(tmp_path_factory.mktemp("tenants") / "data").start()
+    d = DaemonProcess(tmp_path_factory.mktemp("tenants") / "data",
+                      env={"AGENTD_CONTENT_TRACING": "true"}).start()
     try:
         a, b = _token(d, "a"), _token(d, "b")
         files = {"main.py": STORE}
@@ -102,7 +104,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         assert run["status"] == "finished" and run["result"] == RESULT_SECRET, run
         # B's program stays live (never released); an idle one for the release check.
         for program in (B_PROGRAM, B_IDLE):
-            r = _chat(d, b, json={"program_id": program, "session_id": B_SESSION})
+            r = _chat(d, b, json={"program_id": program, "session_id": B_SESSION,
+                                  "messages": [{"role": "user", "content": CONTENT_SECRET}]})
             assert r.status_code == 200, r.text
         r = _req(d, b, "PUT", f"/v1/contexts/snapshots/{B_SNAPSHOT}",
                  json={"model": MODEL, "token_ids": B_SNAPSHOT_IDS})
@@ -178,6 +181,10 @@ CASES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/sessions"): Case("/v1/sessions?tenant=b", OK),
     ("GET", "/v1/sessions/{session_id:str}/trace"): Case(f"/v1/sessions/{B_SESSION}/trace",
                                                          NOT_FOUND),
+    ("GET", "/v1/sessions/{session_id:str}/export"): Case(
+        f"/v1/sessions/{B_SESSION}/export?format=perfetto", NOT_FOUND),
+    # A's own tenant's totals only (the lists test: no line of B's)
+    ("GET", "/v1/usage"): Case("/v1/usage", OK),
     ("GET", "/v1/workers"): Case("/v1/workers", OK),
     ("GET", "/v1/workers/{worker_id:str}"): Case("/v1/workers/local-sim-0", OK),
     ("GET", "/v1/requests/{request_id:str}"): Case(f"/v1/requests/{REQUEST}", NOT_FOUND),
@@ -308,7 +315,8 @@ def test_the_walk_covers_every_route() -> None:
 def _secrets_of_b(world: World, case: Case) -> list[str]:
     """B's secrets and, unless A named it (an error may echo it), B's run id."""
     named = RUN in case.path or RUN in str(case.body)
-    return [ARG_SECRET, RESULT_SECRET, RESPONSE_SECRET] + ([] if named else [world.b_run])
+    return [ARG_SECRET, RESULT_SECRET, RESPONSE_SECRET, CONTENT_SECRET] + (
+        [] if named else [world.b_run])
 
 
 def _send(world: World, method: str, case: Case) -> tuple[int, str]:
@@ -364,6 +372,12 @@ def test_lists_show_a_none_of_b(world: World) -> None:
     # events of B's tenant are B's; A sees its own and the cluster's
     assert all(e["tenant"] in (None, "a")
                for e in _req(d, a, "GET", "/v1/events?limit=1000").json()["data"])
+    # content search and usage: nothing of B's (B's prompt is stored: B finds it)
+    assert _req(d, a, "GET", "/v1/sessions", params={"q": CONTENT_SECRET}).json()["total"] == 0
+    assert B_SESSION in _req(d, world.b, "GET", "/v1/sessions",
+                             params={"q": CONTENT_SECRET}).text
+    assert CONTENT_SECRET in _req(d, world.b, "GET", f"/v1/requests/{world.b_request}").text
+    assert "b" not in {u["tenant"] for u in _req(d, a, "GET", "/v1/usage").json()["data"]}
     tenants = _req(d, a, "GET", "/v1/scheduling").json()["tenants"]
     assert "b" not in str(tenants), tenants
     # The owner and the operator do see them.
