@@ -9,6 +9,7 @@ id has a page.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from litestar import Response, get
@@ -70,6 +71,23 @@ async def request_page(request: Req) -> Response[Any]:
         return render(request, "request.html", title=f"Request {request_id}", req=req,
                       events=await _trace_of(api, str(req["session_id"]), "request_id",
                                              request_id))
+
+    return await with_api(request, page)
+
+
+@get("/session/export", name="ui.session_export")
+async def session_export(request: Req) -> Response[Any]:
+    """A session's export (JSON, or a Perfetto trace file) as a download: a browser cannot
+    send the API's bearer header, so the page links here."""
+    session_id = str(request.query_params.get("id") or "")
+    fmt = str(request.query_params.get("format") or "json")
+
+    async def page(api: Api) -> Response[Any]:
+        body = await api.get(f"/v1/sessions/{qall(session_id)}/export", format=fmt)
+        name = "".join(c if c.isalnum() or c in "-_." else "_" for c in session_id)
+        suffix = ".perfetto.json" if fmt == "perfetto" else ".json"
+        return Response(json.dumps(body), media_type="application/json", headers={
+            "Content-Disposition": f'attachment; filename="{name}{suffix}"'})
 
     return await with_api(request, page)
 

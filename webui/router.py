@@ -35,6 +35,7 @@ HANDLERS = [
     controllers.sessions_page, controllers.session_page, controllers.program_action,
     controllers.session_action,
     drilldown.program_page, drilldown.request_page, drilldown.worker_page,
+    drilldown.session_export,
     policies.policies_page, policies.policy_page, policies.policy_diff_page,
     policies.policy_action,
     tools_page.tools_page, tools_page.reclaim,

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.daemon_process import DaemonProcess
+from tests.ui.webui_support import login
 
 MODEL = "sim-llama3-8b"
 PROMPT_PRICE, COMPLETION_PRICE = 2.0, 10.0
@@ -220,3 +221,27 @@ def test_a_bad_time_range_names_its_field(world: World, params: dict[str, str],
                   headers=world.d.auth_headers(), timeout=10)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == field, r.text
+
+
+def test_the_web_pages_show_content_totals_and_export(world: World) -> None:
+    c = login(world.d)
+    first = requests_of(world.d, "p-loud")[0]
+    page = c.get("/ui/request", params={"id": first["id"]})
+    assert page.status_code == 200, page.text
+    assert 'id="request-content"' in page.text and WORD in page.text
+    assert world.reply in page.text and KEY not in page.text
+    [quiet] = requests_of(world.d, "p-quiet")
+    page = c.get("/ui/request", params={"id": quiet["id"]})
+    assert "No content stored" in page.text and QUIET_WORD not in page.text
+    session = c.get("/ui/session", params={"id": "s-p-loud"})
+    assert session.status_code == 200, session.text
+    usage = get(world.d, "/v1/sessions/s-p-loud")["usage"]
+    assert 'id="session-usage"' in session.text
+    assert f"{usage['cost']:.6f}" in session.text and 'id="session-export"' in session.text
+    program = c.get("/ui/program", params={"id": "p-loud"})
+    assert 'id="program-usage"' in program.text
+    export = c.get("/ui/session/export", params={"id": "s-p-loud", "format": "perfetto"})
+    assert export.status_code == 200 and "attachment" in export.headers["content-disposition"]
+    assert export.json()["traceEvents"]
+    bad = c.get("/ui/session/export", params={"id": "s-p-loud", "format": "xml"})
+    assert bad.status_code == 400 and "format" in bad.text

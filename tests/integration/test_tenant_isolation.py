@@ -262,6 +262,8 @@ CASES: dict[tuple[str, str], Case] = {
     ("GET", "/ui/session"): Case(f"/ui/session?id={B_SESSION}", NOT_FOUND, ui=True),
     ("GET", "/ui/program"): Case(f"/ui/program?id={B_PROGRAM}", NOT_FOUND, ui=True),
     ("GET", "/ui/request"): Case(f"/ui/request?id={REQUEST}", NOT_FOUND, ui=True),
+    ("GET", "/ui/session/export"): Case(f"/ui/session/export?id={B_SESSION}", NOT_FOUND,
+                                        ui=True),
     ("GET", "/ui/worker"): Case("/ui/worker?id=local-sim-0", OK, ui=True),
     ("POST", "/ui/actions/program"): Case("/ui/actions/program", 303,
                                           {"id": B_PROGRAM, "action": "kill"}, ui=True),
