@@ -25,6 +25,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from daemon.engines.kv_events import Residency, decode_batch
 from daemon.engines.vllm import tools
 from daemon.engines.vllm.adapter import (
@@ -169,7 +171,13 @@ class VllmEngine:
                     self.events_missed += max(0, seq - last - 1)
                     log.warning("missed %d KV event batches from vLLM", seq - last - 1)
                 last = seq
-                self.residency.apply_all(decode_batch(payload).events)
+                try:
+                    batch = decode_batch(payload)
+                except msgspec.DecodeError as exc:  # a vLLM whose events we cannot read
+                    self.events_missed += 1
+                    log.warning("unreadable KV event batch from vLLM: %s", exc)
+                    continue
+                self.residency.apply_all(batch.events)
         finally:
             sock.close(linger=0)
 
