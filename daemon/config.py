@@ -128,6 +128,11 @@ class Config:
     content_redact: list[str] = field(default_factory=lambda: list(DEFAULT_REDACT))
     # [prices.MODEL] prompt_per_mtok = X, completion_per_mtok = Y: a cost beside token totals
     prices: dict[str, Any] = field(default_factory=dict)
+    # POST /v1/sessions/{id}/export/otlp sends a session's spans (GenAI semantic conventions)
+    # to this OTLP/HTTP traces endpoint (http://collector:4318/v1/traces); "" = not offered.
+    # [otlp_headers]: headers it sends (a collector's API key).
+    otlp_endpoint: str = ""
+    otlp_headers: dict[str, Any] = field(default_factory=dict)
     # Tool specs by name, from the config file's [tools.NAME] tables.
     tools: dict[str, Any] = field(default_factory=dict)
 
@@ -304,6 +309,12 @@ def _check_history(cfg: Config) -> None:
 
 def _check_content(cfg: Config) -> None:
     from daemon.content.settings import parse
+
+    if cfg.otlp_endpoint and not cfg.otlp_endpoint.startswith(("http://", "https://")):
+        raise ConfigError(f"otlp_endpoint must be an http:// or https:// URL, "
+                          f"got {cfg.otlp_endpoint!r}")
+    if not all(isinstance(v, str) for v in cfg.otlp_headers.values()):
+        raise ConfigError("otlp_headers must be a table of strings")
 
     try:
         parse(cfg.content_tracing, cfg.content_max_chars, cfg.content_redact,

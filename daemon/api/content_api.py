@@ -10,15 +10,17 @@ token is its own tenant's only.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from datetime import datetime
 from typing import Any
 
-from litestar import Controller, Request, Response, get
+from litestar import Controller, Request, Response, get, post
 from litestar.params import Parameter
 
-from daemon.access.auth import READ
+from daemon.access.auth import READ, SUBMIT
 from daemon.api.tenants import access_of
+from daemon.content import otlp
 from daemon.content import settings as content_settings
 from daemon.content.export import perfetto
 from daemon.content.usage import usage
@@ -27,6 +29,7 @@ from daemon.errors import ApiError
 from db import content_store
 
 EXPORT_FORMATS = ("json", "perfetto")
+OTLP_TIMEOUT_S = 10.0
 MAX_EXPORT_EVENTS = 100_000  # trace events in one export; `trace_truncated` says if cut
 
 
@@ -84,6 +87,28 @@ class ContentController(Controller):
             name = f"{session_id}.json"
         return Response(body, headers={
             "Content-Disposition": f'attachment; filename="{_safe(name)}"'})
+
+    @post("/sessions/{session_id:str}/export/otlp", status_code=200, opt={"scope": SUBMIT},
+          summary="Send a session's spans (OpenTelemetry GenAI conventions) to the "
+                  "configured OTLP endpoint")
+    async def export_otlp(self, core: Core, session_id: str) -> dict[str, Any]:
+        endpoint = core.config.otlp_endpoint
+        if not endpoint:
+            raise ApiError(409, "no OTLP endpoint is configured (otlp_endpoint)",
+                           "not_configured", param="otlp_endpoint")
+        await core.writer.flush()
+        async with core.sessions() as s:
+            record = await content_store.session_record(s, session_id, MAX_EXPORT_EVENTS)
+        if record is None:
+            raise ApiError(404, f"unknown session '{session_id}'", "not_found",
+                           param="session_id")
+        try:
+            # the SDK's exporter posts and retries synchronously: off the event loop
+            spans = await asyncio.to_thread(otlp.send, record, core.clock(), endpoint,
+                                            core.config.otlp_headers, OTLP_TIMEOUT_S)
+        except otlp.OtlpError as exc:
+            raise ApiError(502, str(exc), "otlp_failed") from None
+        return {"session_id": session_id, "spans": spans, "endpoint": endpoint}
 
     @get("/usage", summary="Token totals and cost per tenant (a tenant token: its own)")
     async def tenant_usage(self, core: Core, request: Request[Any, Any, Any]) -> dict[str, Any]:

@@ -4,8 +4,9 @@ the Trace Event Format, which ui.perfetto.dev and chrome://tracing open).
 One process is the session; each program is a thread of it (a track, named by a
 metadata event), in the order the programs started. Each request is a complete event
 ("ph": "X") from queued to finished, with its queue wait and its generation as complete
-events nested inside it; each trace event of the session is an instant event ("ph":
-"i") on its program's track, or on the session's own when it names no program.
+events nested inside it; each tool execution is a complete event on its program's track;
+each trace event of the session is an instant event ("ph": "i") on its program's track,
+or on the session's own when it names no program.
 Timestamps are microseconds from the session's first moment, so they start near 0.
 """
 
@@ -41,6 +42,12 @@ def perfetto(record: dict[str, Any], now: float) -> dict[str, Any]:
                        "args": {"sort_index": tid}})
     for req in record["requests"]:
         events.extend(_request_events(req, tids.get(req["program_id"], SESSION_TID), us, now))
+    for x in tool_execs(record["trace"], now):
+        events.append({"ph": "X", "name": f"tool {x['tool']}", "cat": "tool", "pid": PID,
+                       "tid": tids.get(x["program_id"], SESSION_TID), "ts": us(x["start"]),
+                       "dur": round((x["end"] - x["start"]) * US, 3),
+                       "args": {"exec_id": x["exec_id"], "ok": x["ok"],
+                                "reason": x["reason"]}})
     for e in record["trace"]:
         tid = tids.get(e["program_id"] or "", SESSION_TID)
         args = {**(e["data"] or {}), **{k: e[k] for k in ("request_id", "worker_id")
@@ -50,6 +57,25 @@ def perfetto(record: dict[str, Any], now: float) -> dict[str, Any]:
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"session_id": session["id"], "origin_unix_s": origin,
                           "trace_truncated": record["trace_truncated"]}}
+
+
+def tool_execs(trace: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """Tool executions from their tool.exec.start / tool.exec.end trace events, paired by
+    program and exec id; one still running ends at `now`."""
+    started: dict[tuple[str, Any], dict[str, Any]] = {}
+    out = []
+    for e in trace:
+        key = (e["program_id"] or "", (e["data"] or {}).get("exec_id"))
+        if e["kind"] == "tool.exec.start":
+            started[key] = {"program_id": key[0], "exec_id": key[1],
+                            "tool": (e["data"] or {}).get("tool", "tool"), "start": e["ts"],
+                            "end": now, "ok": None, "reason": "running"}
+            out.append(started[key])
+        elif e["kind"] == "tool.exec.end" and key in started:
+            x = started.pop(key)
+            x.update(end=max(e["ts"], x["start"]), ok=e["data"].get("ok"),
+                     reason=e["data"].get("reason"))
+    return out
 
 
 def _request_events(req: dict[str, Any], tid: int, us: Any, now: float

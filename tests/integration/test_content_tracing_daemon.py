@@ -7,33 +7,79 @@ trace file; sessions found by the text of their content and by a time range."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 
 from tests.daemon_process import DaemonProcess
 from tests.ui.webui_support import login
 
 MODEL = "sim-llama3-8b"
 PROMPT_PRICE, COMPLETION_PRICE = 2.0, 10.0
-CONFIG = f"""
+CONFIG = """
 content_max_chars = 200
+otlp_endpoint = "http://127.0.0.1:{otlp_port}/v1/traces"
+
+[otlp_headers]
+x-collector-key = "k123"
+
+[tools.shell]
+backend = "process"
+command = []
+exec_timeout_s = 10
 
 [slo.tenants.loud]
 content_tracing = true
 
-[prices.{MODEL}]
-prompt_per_mtok = {PROMPT_PRICE}
-completion_per_mtok = {COMPLETION_PRICE}
+[prices.{model}]
+prompt_per_mtok = {prompt_price}
+completion_per_mtok = {completion_price}
 """
 KEY = "sk-" + "Zq9" * 10
 WORD = f"needle{uuid.uuid4().hex[:12]}"  # only in the loud tenant's prompt
 QUIET_WORD = f"hay{uuid.uuid4().hex[:12]}"  # only in the quiet tenant's prompt
+
+
+class OtlpReceiver(ThreadingHTTPServer):
+    """An OTLP/HTTP traces endpoint: keeps each export request it is sent, decoded."""
+
+    def __init__(self) -> None:
+        self.exports: list[tuple[dict[str, str], ExportTraceServiceRequest]] = []
+        super().__init__(("127.0.0.1", 0), _OtlpHandler)
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+
+class _OtlpHandler(BaseHTTPRequestHandler):
+    server: OtlpReceiver
+
+    def do_POST(self) -> None:  # http.server calls it by this name
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        message = ExportTraceServiceRequest()
+        message.ParseFromString(body)
+        self.server.exports.append(({k.lower(): v for k, v in self.headers.items()}, message))
+        answer = ExportTraceServiceResponse().SerializeToString()
+        self.send_response(200 if self.path == "/v1/traces" else 404)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, *args: Any) -> None:
+        pass
 
 
 @dataclass
@@ -42,6 +88,7 @@ class World:
     loud_token: str
     reply: str  # the loud program's first answer
     started: float
+    otlp: OtlpReceiver
 
 
 def chat(d: DaemonProcess, tenant: str, program: str, text: str, max_tokens: int = 6,
@@ -69,7 +116,11 @@ def requests_of(d: DaemonProcess, program: str) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     tmp = tmp_path_factory.mktemp("content")
-    (tmp / "agentd.toml").write_text(CONFIG)
+    receiver = OtlpReceiver()
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    (tmp / "agentd.toml").write_text(CONFIG.format(
+        otlp_port=receiver.port, model=MODEL, prompt_price=PROMPT_PRICE,
+        completion_price=COMPLETION_PRICE))
     d = DaemonProcess(tmp / "data", extra_args=["--config", str(tmp / "agentd.toml")]).start()
     try:
         started = time.time()
@@ -77,13 +128,17 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                      f"find {WORD} with {KEY} for ann@example.org " + "z" * 400)
         chat(d, "loud", "p-loud", "and again", max_tokens=3)
         chat(d, "loud", "p-loud-2", "one more", session="s-p-loud")  # a second track
+        r = d.post("/v1/programs/p-loud-2/tools/shell/exec", json={"command": "echo hi"})
+        assert r.status_code == 200 and r.json()["exit_code"] == 0, r.text
         chat(d, "quiet", "p-quiet", f"find {QUIET_WORD}")
         done = d.cli("token", "create", "--scope", "read", "--name", "loud",
                      "--tenant", "loud")
         assert done.returncode == 0, done.stderr
-        yield World(d, done.stdout.strip(), reply, started)
+        yield World(d, done.stdout.strip(), reply, started, receiver)
     finally:
         d.stop()
+        receiver.shutdown()
+        receiver.server_close()
 
 
 def test_a_tracing_tenant_s_request_shows_its_content_redacted_and_capped(
@@ -177,6 +232,9 @@ def test_the_perfetto_export_is_a_trace_event_file(world: World) -> None:
                   and s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"] + 1e-3
                   and e["tid"] == s["tid"]]
         assert {e["name"] for e in phases} == {"queued", "generate"}
+    [tool] = [e for e in events if e["ph"] == "X" and e["cat"] == "tool"]
+    assert tool["name"] == "tool shell" and tool["tid"] == tracks["program p-loud-2"]
+    assert tool["args"]["ok"] is True and tool["dur"] > 0
     instants = [e for e in events if e["ph"] == "i"]
     assert {"request.queued", "request.finished"} <= {e["name"] for e in instants}
     assert all(e["s"] == "t" for e in instants)
@@ -245,3 +303,59 @@ def test_the_web_pages_show_content_totals_and_export(world: World) -> None:
     assert export.json()["traceEvents"]
     bad = c.get("/ui/session/export", params={"id": "s-p-loud", "format": "xml"})
     assert bad.status_code == 400 and "format" in bad.text
+
+
+def _attrs(span: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kv in span.attributes:
+        v = kv.value
+        kind = v.WhichOneof("value")
+        out[kv.key] = [x.string_value for x in v.array_value.values] \
+            if kind == "array_value" else getattr(v, kind)
+    return out
+
+
+def test_the_otlp_export_sends_genai_spans_to_the_configured_endpoint(world: World) -> None:
+    before = len(world.otlp.exports)
+    r = world.d.post("/v1/sessions/s-p-loud/export/otlp")
+    assert r.status_code == 200, r.text
+    assert len(world.otlp.exports) == before + 1  # the answer comes after the receiver's
+    headers, message = world.otlp.exports[-1]
+    assert headers["x-collector-key"] == "k123"
+    spans = [s for rs in message.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    assert r.json()["spans"] == len(spans)
+    by_name: dict[str, list[Any]] = {}
+    for s in spans:
+        by_name.setdefault(s.name.split(" ")[0], []).append(s)
+    [root] = by_name["session"]
+    agents, chats, tools = by_name["invoke_agent"], by_name["chat"], by_name["execute_tool"]
+    assert {s.name for s in agents} == {"invoke_agent p-loud", "invoke_agent p-loud-2"}
+    assert len({s.trace_id for s in spans}) == 1  # one trace per session
+    assert all(a.parent_span_id == root.span_id for a in agents)
+    agent_ids = {a.span_id: a.name for a in agents}
+    assert sorted(agent_ids[c.parent_span_id] for c in chats) == \
+        ["invoke_agent p-loud", "invoke_agent p-loud", "invoke_agent p-loud-2"]
+    [tool] = tools
+    assert agent_ids[tool.parent_span_id] == "invoke_agent p-loud-2"
+    assert _attrs(tool)["gen_ai.tool.name"] == "shell"
+    assert _attrs(tool)["gen_ai.operation.name"] == "execute_tool"
+    first = min(chats, key=lambda c: c.start_time_unix_nano)
+    a = _attrs(first)
+    req = requests_of(world.d, "p-loud")[0]
+    assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.request.model"] == MODEL
+    assert a["gen_ai.usage.input_tokens"] == req["prompt_tokens"]
+    assert a["gen_ai.usage.output_tokens"] == req["output_tokens"]
+    assert a["gen_ai.response.finish_reasons"] == [req["finish_reason"]]
+    assert a["gen_ai.conversation.id"] == "s-p-loud"
+    assert WORD in a["gen_ai.input.messages"] and KEY not in a["gen_ai.input.messages"]
+    assert world.reply in a["gen_ai.output.messages"]
+    for s in spans:
+        assert s.start_time_unix_nano <= s.end_time_unix_nano, s.name
+    assert first.end_time_unix_nano - first.start_time_unix_nano == pytest.approx(
+        (req["finished_at"] - req["queued_at"]) * 1e9, abs=1e3)
+    # a session of a tenant without content tracing: spans, no content
+    r = world.d.post("/v1/sessions/s-p-quiet/export/otlp")
+    assert r.status_code == 200, r.text
+    quiet = [s for rs in world.otlp.exports[-1][1].resource_spans for ss in rs.scope_spans
+             for s in ss.spans if s.name.startswith("chat")]
+    assert quiet and "gen_ai.input.messages" not in _attrs(quiet[0])

@@ -183,6 +183,8 @@ CASES: dict[tuple[str, str], Case] = {
                                                          NOT_FOUND),
     ("GET", "/v1/sessions/{session_id:str}/export"): Case(
         f"/v1/sessions/{B_SESSION}/export?format=perfetto", NOT_FOUND),
+    ("POST", "/v1/sessions/{session_id:str}/export/otlp"): Case(
+        f"/v1/sessions/{B_SESSION}/export/otlp", NOT_FOUND, {}),
     # A's own tenant's totals only (the lists test: no line of B's)
     ("GET", "/v1/usage"): Case("/v1/usage", OK),
     ("GET", "/v1/workers"): Case("/v1/workers", OK),
@@ -380,6 +382,9 @@ def test_lists_show_a_none_of_b(world: World) -> None:
                              params={"q": CONTENT_SECRET}).text
     assert CONTENT_SECRET in _req(d, world.b, "GET", f"/v1/requests/{world.b_request}").text
     assert "b" not in {u["tenant"] for u in _req(d, a, "GET", "/v1/usage").json()["data"]}
+    # B's own OTLP export passes the tenancy rule and meets the unset endpoint
+    r = _req(d, world.b, "POST", f"/v1/sessions/{B_SESSION}/export/otlp")
+    assert r.status_code == 409 and r.json()["error"]["param"] == "otlp_endpoint", r.text
     tenants = _req(d, a, "GET", "/v1/scheduling").json()["tenants"]
     assert "b" not in str(tenants), tenants
     # The owner and the operator do see them.

@@ -107,3 +107,12 @@ def test_the_config_reads_the_keys_and_prices(tmp_path: Any) -> None:
     assert cfg.content_tracing and cfg.content_max_chars == 500
     assert cfg.content_redact == ["secret"] and cfg.prices["m"]["completion_per_mtok"] == 6
     assert not load(env={}).content_tracing  # off by default
+
+
+@pytest.mark.parametrize("toml", ['otlp_endpoint = "collector:4318"',
+                                  "[otlp_headers]\nkey = 5"])
+def test_bad_otlp_settings_name_their_key(tmp_path: Any, toml: str) -> None:
+    path = tmp_path / "agentd.toml"
+    path.write_text(toml + "\n")
+    with pytest.raises(ConfigError, match="otlp_"):
+        load(config_file=str(path), env={})
