@@ -8,7 +8,7 @@ ENGINE ?= vllm
 MODEL_DIR ?= $(HOME)/.cache/agentd/models/SmolLM2-135M-Instruct
 PYTEST_ARGS ?=
 
-.PHONY: install install-vllm model run test test-fast lint bench bench-gateway bench-kv bench-slo bench-engine bench-agentic-real \
+.PHONY: install install-vllm model run test test-fast lint bench bench-gateway bench-kv bench-slo bench-engine bench-agentic-real bench-contexts \
 	bench-tools bench-runtime bench-policies bench-lineage soak calibrate clean
 
 $(STAMP): pyproject.toml
@@ -86,6 +86,12 @@ bench-engine: model
 # simulator's error beside each (bench/agentic_real.py); ARGS="--quick" for a smoke run.
 bench-agentic-real: model
 	$(PY) -m bench.agentic_real $(ARGS)
+
+# One ReAct-shaped agent run as an in-server program with agentd.Context, as contexts from a
+# client, and as chat-endpoint loops with and without program_id, on a sim daemon
+# (bench/contexts.py); ARGS="--quick" for a smoke run.
+bench-contexts: install
+	$(PY) -m bench.contexts $(ARGS)
 
 calibrate: model
 	$(VENV)/bin/agentd calibrate --engine vllm --model $(MODEL_DIR) --name smollm2-135m-cpu \
