@@ -19,11 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 TRACING_KEY = "content_tracing"
-# API keys of the common providers' shape, AWS access key ids, e-mail addresses.
+# API keys of the common providers' shape, AWS access key ids, e-mail addresses. Each
+# match starts where its run of characters starts (a literal prefix, or a lookbehind), so
+# a scan is linear: an unanchored `[...]+@` retries from every character of a long run
+# without an @ and takes quadratic time (0.56 s on a 16k-character field).
 DEFAULT_REDACT = (
     r"sk-[A-Za-z0-9_-]{20,}",
     r"AKIA[0-9A-Z]{16}",
-    r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}",
+    r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}",
 )
 REDACTED = "[REDACTED]"
 MIN_MAX_CHARS = 64  # room for the marker and something before it
