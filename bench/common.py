@@ -8,6 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from daemon.replay.traces import with_arrival
+from daemon.replay.workload import ProgramSpec
+
 RESULTS = Path(__file__).parent / "results"
 TRACES = Path("/work/shared/traces")
 
@@ -36,3 +39,13 @@ class Stopwatch:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
+
+
+def trace_half(specs: list[ProgramSpec], part: str) -> list[ProgramSpec]:
+    """The dev (first) or report (second) half of a trace by arrival, the report half's
+    arrivals moved to start at 0 as the dev half's do."""
+    ordered = sorted(specs, key=lambda s: (s.arrival_s, s.program_id))
+    mid = len(ordered) // 2
+    half = ordered[:mid] if part == "dev" else ordered[mid:]
+    start = half[0].arrival_s if half else 0.0
+    return [with_arrival(s, s.arrival_s - start) for s in half]

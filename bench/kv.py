@@ -44,7 +44,16 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
-from bench.common import QUICK_SEEDS, REPORT_SEEDS, TRACES, TUNING_SEEDS, Stopwatch, log, save
+from bench.common import (
+    QUICK_SEEDS,
+    REPORT_SEEDS,
+    TRACES,
+    TUNING_SEEDS,
+    Stopwatch,
+    log,
+    save,
+    trace_half,
+)
 from bench.plot import plot_kv
 from daemon import config as config_mod
 from daemon.replay import Hardware, Workload, load_trace, replay, synthetic_programs
@@ -86,16 +95,6 @@ OFF_BY_DEFAULT = ("overdue_first", "predicted_hold", "share_prefix", "smooth_adm
 # cold_with_new and home_cached; headroom=0.05 trades throughput at 256 for hits at 64).
 VALUES = (("hold_s", 5.0), ("thrash_slack", 0.06), ("headroom", 0.05))
 FORCE_RESUME_S = (120.0, float("inf"))
-
-
-def trace_half(specs: list[ProgramSpec], part: str) -> list[ProgramSpec]:
-    """The dev (first) or report (second) half of a trace by arrival, the report half's
-    arrivals moved to start at 0 as the dev half's do."""
-    ordered = sorted(specs, key=lambda s: (s.arrival_s, s.program_id))
-    mid = len(ordered) // 2
-    half = ordered[:mid] if part == "dev" else ordered[mid:]
-    start = half[0].arrival_s if half else 0.0
-    return [with_arrival(s, s.arrival_s - start) for s in half]
 
 
 def trace_workloads(max_conc: int, part: str) -> dict[str, list[ProgramSpec]]:

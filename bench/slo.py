@@ -10,6 +10,11 @@ daemon's default configuration).
     python -m bench.slo --scenarios conv-x30,slice-shift --stacks fcfs,full
         ->  bench/results/slo-subset.json (a quick look; slo.json stays the full run's)
 
+The benchmark protocol (bench/README.md): a report run (the default) cuts every scenario from
+the report half of each trace (its second half by arrival, moved to start at 0) and prints
+the target verdicts; ``--tune`` cuts them from the dev half (the first half) and prints none.
+The windows below are offsets within the half.
+
 Requests and SLOs: every Azure row is one request; code-trace rows are tagged
 ``code_generation`` (SLO TTFT 6 s, TPOT 90 ms, H-MAS Table 6) and conversation rows
 ``dialogue`` (4 s, 70 ms), importance 0.75 (factor 1.0). The trace file is the tenant.
@@ -46,13 +51,14 @@ import argparse
 import dataclasses
 import hashlib
 import os
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from bench.common import TRACES, Stopwatch, log, save
+from bench.common import TRACES, Stopwatch, log, save, trace_half
 from bench.plot import plot_slo
 from daemon import config as config_mod
 from daemon.replay import Hardware, Workload, replay
@@ -65,7 +71,7 @@ FIXED = ("fcfs", "sjf", "srtf", "edf", "llf", "two_lane", "two_lane_esg", "esg",
 STACKS = (*FIXED, "meta-rules", "meta-bandit", "full")
 # trace -> (first trace second, number of rows, load factors)
 SWEEP: dict[str, tuple[float, int, tuple[float, ...]]] = {
-    "code": (840.0, 4000, (2.0, 4.0, 8.0, 16.0)),
+    "code": (0.0, 4000, (2.0, 4.0, 8.0, 16.0)),
     "conv": (600.0, 1200, (2.0, 4.0, 6.0, 10.0, 15.0, 20.0, 30.0)),
 }
 BURST_S = 150.0
@@ -82,31 +88,38 @@ class Scenario:
     kind: str  # "sweep" | "slice"
     trace: str
     load: float
+    part: str = "report"  # the half of the traces it is cut from: "dev" | "report"
 
 
 @cache
-def trace(name: str) -> tuple[ProgramSpec, ...]:
+def whole_trace(name: str) -> tuple[ProgramSpec, ...]:
     task = "code_generation" if name == "code" else "dialogue"
     path = TRACES / f"azure2023_AzureLLMInferenceTrace_{name}.csv"
     # The seed is part of every program id: distinct seeds keep the two traces' ids apart.
     return tuple(load_azure(path, 0 if name == "code" else 1, task))
 
 
-def sweep(name: str, load: float) -> list[ProgramSpec]:
+@cache
+def trace(name: str, part: str) -> tuple[ProgramSpec, ...]:
+    return tuple(trace_half(list(whole_trace(name)), part))
+
+
+def sweep(name: str, load: float, part: str) -> list[ProgramSpec]:
     start, count, _ = SWEEP[name]
-    return compress([s for s in trace(name) if s.arrival_s >= start][:count], start, load)
+    return compress([s for s in trace(name, part) if s.arrival_s >= start][:count], start,
+                    load)
 
 
 def compress(specs: list[ProgramSpec], start: float, load: float) -> list[ProgramSpec]:
     return [with_arrival(s, (s.arrival_s - start) / load) for s in specs]
 
 
-def span(name: str, start: float, length: float) -> list[ProgramSpec]:
-    return [s for s in trace(name) if start <= s.arrival_s < start + length]
+def span(name: str, part: str, start: float, length: float) -> list[ProgramSpec]:
+    return [s for s in trace(name, part) if start <= s.arrival_s < start + length]
 
 
-def burst() -> list[ProgramSpec]:
-    code = trace("code")
+def burst(part: str) -> list[ProgramSpec]:
+    code = trace("code", part)
     times = [s.arrival_s for s in code]
     peak, j, best = 0.0, 0, -1
     for i, t in enumerate(times):
@@ -114,25 +127,26 @@ def burst() -> list[ProgramSpec]:
             j += 1
         if i - j > best:
             best, peak = i - j, times[j]
-    return compress(span("code", peak - BURST_S, 2 * BURST_S + 10.0), peak - BURST_S, 1.0)
+    return compress(span("code", part, peak - BURST_S, 2 * BURST_S + 10.0), peak - BURST_S,
+                    1.0)
 
 
-def drift() -> list[ProgramSpec]:
+def drift(part: str) -> list[ProgramSpec]:
     out: list[ProgramSpec] = []
     for name, keep_code in (("conv", False), ("code", True)):
-        rows = list(trace(name))
+        rows = list(trace(name, part))
         load = DRIFT_RATE * (rows[-1].arrival_s - rows[0].arrival_s) / len(rows)
         start = SWEEP[name][0]
-        picked = compress(span(name, start, DRIFT_S * load), start, load)
+        picked = compress(span(name, part, start, DRIFT_S * load), start, load)
         out += [s for s in picked if (_coin(s.program_id) < s.arrival_s / DRIFT_S) == keep_code]
     return sorted(out, key=lambda s: (s.arrival_s, s.program_id))
 
 
-def shift() -> list[ProgramSpec]:
+def shift(part: str) -> list[ProgramSpec]:
     chat, code = SHIFT_LOADS
     conv_start, code_start = SWEEP["conv"][0], SWEEP["code"][0]
-    first = compress(span("conv", conv_start, SHIFT_S * chat), conv_start, chat)
-    second = compress(span("code", code_start, SHIFT_S * code), code_start, code)
+    first = compress(span("conv", part, conv_start, SHIFT_S * chat), conv_start, chat)
+    second = compress(span("code", part, code_start, SHIFT_S * code), code_start, code)
     return first + [with_arrival(s, s.arrival_s + SHIFT_S) for s in second]
 
 
@@ -141,21 +155,22 @@ def _coin(key: str) -> float:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") / 2**64
 
 
-SLICES = {"slice-burst": burst, "slice-drift": drift, "slice-shift": shift}
+SLICES: dict[str, Callable[[str], list[ProgramSpec]]] = {
+    "slice-burst": burst, "slice-drift": drift, "slice-shift": shift}
 
 
-def scenarios(quick: bool) -> list[Scenario]:
-    out = [Scenario(f"{name}-x{load:g}", "sweep", name, load)
+def scenarios(quick: bool, part: str = "report") -> list[Scenario]:
+    out = [Scenario(f"{name}-x{load:g}", "sweep", name, load, part)
            for name, (_, _, loads) in SWEEP.items()
            for load in (loads[-1:] if quick else loads)]
-    return out + [Scenario(name, "slice", "", 1.0) for name in SLICES]
+    return out + [Scenario(name, "slice", "", 1.0, part) for name in SLICES]
 
 
 @cache
 def specs_for(scenario: Scenario) -> tuple[ProgramSpec, ...]:
     if scenario.kind == "sweep":
-        return tuple(sweep(scenario.trace, scenario.load))
-    return tuple(SLICES[scenario.name]())
+        return tuple(sweep(scenario.trace, scenario.load, scenario.part))
+    return tuple(SLICES[scenario.name](scenario.part))
 
 
 def run_one(task: tuple[Scenario, str]) -> dict[str, Any]:
@@ -170,18 +185,21 @@ def run_one(task: tuple[Scenario, str]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="highest load and slices only")
+    p.add_argument("--tune", action="store_true",
+                   help="tuning run: the traces' dev halves, no target verdicts")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                    help="replays run in parallel (processes)")
     p.add_argument("--scenarios", help="comma-separated scenario names (e.g. conv-x30)")
     p.add_argument("--stacks", help="comma-separated stacks (default: all)")
     args = p.parse_args(argv)
+    part = "dev" if args.tune else "report"
     try:
-        chosen = _pick(scenarios(False), args.scenarios, args.stacks)
+        chosen = _pick(scenarios(False, part), args.scenarios, args.stacks)
     except ValueError as exc:
         p.error(str(exc))
     subset = args.scenarios is not None or args.stacks is not None
     if not subset:
-        chosen = (scenarios(args.quick), list(STACKS))
+        chosen = (scenarios(args.quick, part), list(STACKS))
     clock = Stopwatch()
     tasks = [(sc, st) for sc in chosen[0] for st in chosen[1]]
     rows = _run_all(tasks, args.jobs, clock)
@@ -189,12 +207,14 @@ def main(argv: list[str] | None = None) -> int:
               "sweep": {k: {"start_s": v[0], "requests": v[1], "loads": list(v[2])}
                         for k, v in SWEEP.items()},
               "burst_s": BURST_S, "drift_s": DRIFT_S, "drift_rate": DRIFT_RATE,
-              "shift_s": SHIFT_S, "shift_loads": list(SHIFT_LOADS),
+              "shift_s": SHIFT_S, "shift_loads": list(SHIFT_LOADS), "trace_half": part,
               "simulated": True, "wall_s": round(clock.elapsed(), 1)}
-    path = save("slo-subset" if subset else "slo", params, rows)
+    name = "slo-subset" if subset else "slo"
+    path = save(f"{name}-tune" if args.tune else name, params, rows)
     plot_slo(rows, Path(path).with_suffix(".png"))
     print(table(rows))
-    log(targets(rows))
+    if not args.tune:  # verdicts judge what was not tuned on
+        log(targets(rows))
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench import kv
-from bench.common import QUICK_SEEDS, REPORT_SEEDS, TUNING_SEEDS
+from bench.common import QUICK_SEEDS, REPORT_SEEDS, TUNING_SEEDS, trace_half
 from daemon.replay.workload import ProgramSpec, StepSpec
 
 
@@ -18,7 +18,7 @@ def test_tuning_and_report_seeds_are_apart() -> None:
 def test_trace_halves_split_the_programs_and_both_start_at_zero() -> None:
     step = (StepSpec(10, 1, 10),)
     specs = [ProgramSpec(f"p{i}", 100.0 + i, step) for i in range(7)]
-    dev, rep = kv.trace_half(specs, "dev"), kv.trace_half(specs, "report")
+    dev, rep = trace_half(specs, "dev"), trace_half(specs, "report")
     assert {s.program_id for s in dev} | {s.program_id for s in rep} == {f"p{i}" for i in range(7)}
     assert not {s.program_id for s in dev} & {s.program_id for s in rep}
     assert dev[0].arrival_s == 0.0 and rep[0].arrival_s == 0.0
