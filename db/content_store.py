@@ -18,6 +18,21 @@ async def get_content(s: AsyncSession, request_id: str) -> dict[str, Any] | None
     return None if row is None else as_dict(row)
 
 
+async def session_contents(s: AsyncSession, session_id: str, limit: int
+                           ) -> tuple[list[dict[str, Any]], int]:
+    """The session's stored contents, the newest `limit` of them oldest first, each with
+    its request's queue time, and how many it has."""
+    c, r = models.RequestContent, models.Request
+    total = await s.scalar(select(func.count()).select_from(c).where(c.session_id == session_id))
+    rows = await s.execute(
+        select(c, r.queued_at, r.model).join(r, r.id == c.request_id)
+        .where(c.session_id == session_id)
+        .order_by(r.queued_at.desc(), r.id.desc()).limit(limit))
+    out = [{**as_dict(row), "queued_at": queued, "model": model}
+           for row, queued, model in rows.all()]
+    return out[::-1], int(total or 0)
+
+
 async def token_totals(s: AsyncSession, *where: ColumnElement[bool]
                        ) -> list[dict[str, Any]]:
     """Requests and their token sums per model, over the requests `where` selects."""

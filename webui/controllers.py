@@ -40,6 +40,7 @@ from webui.web import (
 STATUSES = ("QUEUED", "REASONING", "ACTING", "PAUSED", "STOPPED", "FAILED")
 PROGRAM_ACTIONS = ("release", "pause", "resume", "kill", "migrate")
 PAGE_SIZE = 25
+CONTENT_ROWS = 50  # a session page shows its newest this many stored request contents
 SESSION_PROGRAMS = 1000  # a session page follows up to this many of its programs
 PROGRAM_SORTS = ("created_at", "id", "session_id", "status", "worker_id", "context_tokens",
                  "steps")  # the columns GET /v1/programs sorts by
@@ -229,6 +230,9 @@ async def session_page(request: Req) -> Response[Any]:
         trace = await api.trace(session_id)
         workers = [worker_row(w) for w in await api.workers()]
         runs = [r for r in await runs_or_none(api) if r.get("session_id") == session_id]
+        # what its requests said and answered, where its tenant traces content
+        contents = await api.get(f"/v1/sessions/{qall(session_id)}/contents",
+                                 limit=CONTENT_ROWS)
         live = any(p.get("status") not in ("STOPPED", "FAILED") for p in session["programs"])
         here = f"/ui/session?id={qall(session_id)}"
         return render(
@@ -236,7 +240,7 @@ async def session_page(request: Req) -> Response[Any]:
             timeline=layout(trace, now=time.time() if live else None, zoom=zoom),
             graph=graph_layout(trace), events=trace[-200:], workers=workers, runs=runs,
             zooms=ZOOMS, zoom=zoom, here=here + (f"&zoom={zoom}" if zoom > 1 else ""),
-            base=here, live=live)
+            base=here, live=live, contents=contents["data"], contents_total=contents["total"])
 
     return await with_api(request, page)
 

@@ -27,6 +27,7 @@ from daemon.content.usage import usage
 from daemon.core.core import Core
 from daemon.errors import ApiError
 from db import content_store
+from db import repositories as repo
 
 EXPORT_FORMATS = ("json", "perfetto")
 OTLP_TIMEOUT_S = 10.0
@@ -87,6 +88,21 @@ class ContentController(Controller):
             name = f"{session_id}.json"
         return Response(body, headers={
             "Content-Disposition": f'attachment; filename="{_safe(name)}"'})
+
+    @get("/sessions/{session_id:str}/contents",
+         summary="A session's stored request contents (content tracing), oldest first")
+    async def contents(
+        self, core: Core, session_id: str,
+        limit: int = Parameter(default=100, ge=1, le=1000,
+                               description="the newest this many"),
+    ) -> dict[str, Any]:
+        await core.writer.flush()
+        async with core.sessions() as s:
+            if await repo.get_session(s, session_id) is None:
+                raise ApiError(404, f"unknown session '{session_id}'", "not_found",
+                               param="session_id")
+            rows, total = await content_store.session_contents(s, session_id, limit)
+        return {"data": rows, "total": total}
 
     @post("/sessions/{session_id:str}/export/otlp", status_code=200, opt={"scope": SUBMIT},
           summary="Send a session's spans (OpenTelemetry GenAI conventions) to the "

@@ -158,6 +158,18 @@ def test_a_tracing_tenant_s_request_shows_its_content_redacted_and_capped(
     assert get(world.d, f"/v1/requests/{second['id']}")["content"]["completion"]
 
 
+def test_a_session_lists_its_stored_contents(world: World) -> None:
+    body = get(world.d, "/v1/sessions/s-p-loud/contents")
+    assert body["total"] == 3
+    assert [c["program_id"] for c in body["data"]] == ["p-loud", "p-loud", "p-loud-2"]
+    assert body["data"][0]["completion"] == world.reply
+    newest = get(world.d, "/v1/sessions/s-p-loud/contents", limit=1)
+    assert newest["total"] == 3 and [c["program_id"] for c in newest["data"]] == ["p-loud-2"]
+    assert get(world.d, "/v1/sessions/s-p-quiet/contents") == {"data": [], "total": 0}
+    r = world.d.get("/v1/sessions/s-p-loud/contents", params={"limit": 0})
+    assert r.status_code == 400 and "limit" in r.text, r.text
+
+
 def test_a_tenant_without_tracing_has_nothing_stored(world: World) -> None:
     [req] = requests_of(world.d, "p-quiet")
     body = get(world.d, f"/v1/requests/{req['id']}")
@@ -296,6 +308,10 @@ def test_the_web_pages_show_content_totals_and_export(world: World) -> None:
     usage = get(world.d, "/v1/sessions/s-p-loud")["usage"]
     assert 'id="session-usage"' in session.text
     assert f"{usage['cost']:.6f}" in session.text and 'id="session-export"' in session.text
+    assert 'id="session-contents"' in session.text and WORD in session.text
+    assert world.reply in session.text and KEY not in session.text
+    quiet_page = c.get("/ui/session", params={"id": "s-p-quiet"})
+    assert "No content stored" in quiet_page.text and QUIET_WORD not in quiet_page.text
     program = c.get("/ui/program", params={"id": "p-loud"})
     assert 'id="program-usage"' in program.text
     export = c.get("/ui/session/export", params={"id": "s-p-loud", "format": "perfetto"})

@@ -183,6 +183,8 @@ CASES: dict[tuple[str, str], Case] = {
                                                          NOT_FOUND),
     ("GET", "/v1/sessions/{session_id:str}/export"): Case(
         f"/v1/sessions/{B_SESSION}/export?format=perfetto", NOT_FOUND),
+    ("GET", "/v1/sessions/{session_id:str}/contents"): Case(
+        f"/v1/sessions/{B_SESSION}/contents", NOT_FOUND),
     ("POST", "/v1/sessions/{session_id:str}/export/otlp"): Case(
         f"/v1/sessions/{B_SESSION}/export/otlp", NOT_FOUND, {}),
     # A's own tenant's totals only (the lists test: no line of B's)
