@@ -27,6 +27,7 @@ class SessionQuery:
     # active in [since, until]: created, or a request queued, in it (unix seconds)
     since: float | None = None
     until: float | None = None
+    status: str = ""  # holding a program in this status, exactly
 
 
 async def search_sessions(
@@ -46,6 +47,10 @@ async def search_sessions(
     if query.contains:
         where.append(or_(models.Session.id.icontains(query.contains, autoescape=True),
                          _content_contains(query.contains)))
+    if query.status:
+        p = models.Program
+        where.append(exists().where(p.session_id == models.Session.id,
+                                    p.status == query.status))
     if query.since is not None or query.until is not None:
         where.append(_active_between(query.since, query.until))
     if query.tenant:

@@ -177,7 +177,7 @@ class RestController(Controller):
         return {"id": program.id, "status": program.status.value}
 
     @get("/sessions", summary="Sessions, newest first; search by text (id or stored "
-                              "content), tenant and time range; sort, page")
+                              "content), tenant, program status and time range; sort, page")
     async def sessions(
         self, core: Core, request: Request[Any, Any, Any],
         limit: int = Parameter(default=100, ge=1, le=1000),
@@ -190,7 +190,11 @@ class RestController(Controller):
         order: str = Parameter(default="desc", description="asc or desc"),
         since: str | None = Parameter(default=None, description=_TIME_HELP),
         until: str | None = Parameter(default=None, description=_TIME_HELP),
+        status: str = Parameter(default="", description="holding a program in this status: "
+                                                        + ", ".join(_STATUSES)),
     ) -> dict[str, Any]:
+        if status and status.upper() not in _STATUSES:
+            raise ApiError(400, f"status must be one of {', '.join(_STATUSES)}", param="status")
         now = time.time()
         after, before = time_bound(since, "since", now), time_bound(until, "until", now)
         if after is not None and before is not None and after > before:
@@ -207,8 +211,8 @@ class RestController(Controller):
         await core.writer.flush()
         async with core.sessions() as s:
             rows, total = await search_sessions(
-                s, SessionQuery(q, tenant, sort, order == "desc", after, before), limit,
-                offset)
+                s, SessionQuery(q, tenant, sort, order == "desc", after, before,
+                                status.upper()), limit, offset)
         return {"data": rows, "total": total}
 
     @get("/sessions/{session_id:str}", summary="One session with its programs")

@@ -276,6 +276,12 @@ def test_sessions_are_found_by_the_text_of_their_content_and_a_time_range(
     assert {"s-p-loud", "s-p-quiet"} <= _found(d, since="-3600")
     assert _found(d, since=str(time.time() + 3600)) == set()
     assert _found(d, until=str(world.started - 60)) == set()
+    # by the status of a program it holds: all live (none released) until released
+    assert {"s-p-loud", "s-p-quiet"} <= _found(d, status="acting")
+    assert _found(d, status="STOPPED", q="p-quiet") == set()
+    r = d.post("/v1/programs/p-quiet/release")
+    assert r.status_code == 200, r.text
+    assert _found(d, status="STOPPED", q="p-quiet") == {"s-p-quiet"}
     iso = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(world.started - 60))
     assert "s-p-loud" in _found(d, since=iso, q=WORD)
 
@@ -284,8 +290,9 @@ def test_sessions_are_found_by_the_text_of_their_content_and_a_time_range(
     ({"since": "yesterday"}, "since"),
     ({"until": "nan"}, "until"),
     ({"since": "2000", "until": "1000"}, "until"),
+    ({"status": "sleeping"}, "status"),
 ])
-def test_a_bad_time_range_names_its_field(world: World, params: dict[str, str],
+def test_a_bad_time_range_or_status_names_its_field(world: World, params: dict[str, str],
                                           field: str) -> None:
     r = httpx.get(f"{world.d.url}/v1/sessions", params=params,
                   headers=world.d.auth_headers(), timeout=10)
