@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterable, Iterator, Sequence
+import json
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,6 +181,67 @@ class Context:
         (position,) = _generation(answer).logprobs or ()
         return sorted(position.top, key=lambda c: -c.logprob)
 
+    # --- tools ------------------------------------------------------------------------
+
+    def tool(self, tool: str, command: str | Sequence[str], *, timeout_s: float | None = None,
+             fill_every: int = 2000,
+             on_output: Callable[[str, str], None] | None = None) -> dict[str, Any]:
+        """Run `command` in the program's `tool` environment (the daemon's tool manager, as
+        `POST /v1/programs/{id}/tools/{tool}/exec` does) and append its output to the
+        context as it arrives: each time `fill_every` characters of it have come, they are
+        prefilled (`fill`), so the KV is warm when the tool ends (0: append only at the
+        end, unfilled). `on_output(stream, text)` sees every piece too. Returns the exec's
+        result (exit_code, stdout, stderr, reason, ...); a failed environment raises
+        LLMError. stderr is passed to `on_output` but not appended."""
+        body = {**self._program_body("tool"), "command": command, "stream": True}
+        if timeout_s is not None:
+            body["timeout_s"] = timeout_s
+        path = f"/programs/{self._endpoint.program_id}/tools/{tool}/exec"
+        body.pop("program_id", None)
+        body.pop("session_id", None)
+        unfilled: list[str] = []
+        result: dict[str, Any] | None = None
+        for kind, data in self._events(path, body):
+            if kind == "output":
+                if on_output is not None:
+                    on_output(str(data["stream"]), str(data["text"]))
+                if data["stream"] == "stdout":
+                    unfilled.append(str(data["text"]))
+                    if fill_every and sum(map(len, unfilled)) >= fill_every:
+                        self.fill("".join(unfilled))
+                        unfilled = []
+            elif kind == "error":
+                raise LLMError(f"agentd.Context.tool: {data['error']['message']}")
+            elif kind == "result":
+                result = data
+        if result is None:
+            raise LLMError("agentd.Context.tool: the stream ended without a result")
+        if unfilled and fill_every:
+            self.fill("".join(unfilled))
+        elif unfilled:
+            self._pending.append({"kind": "text", "text": "".join(unfilled)})
+        return result
+
+    def _events(self, path: str, body: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+        """A streamed answer's server-sent events: (event, its JSON data)."""
+        url = f"{self._endpoint.base}{path}"
+        try:
+            with httpx.stream("POST", url, json=body, headers=self._endpoint.headers,
+                              timeout=LLM_TIMEOUT_S) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    raise LLMError(f"agentd.Context: POST {path} answered {r.status_code}: "
+                                   f"{_message(r)}")
+                kind = "message"
+                for line in r.iter_lines():
+                    if line.startswith("event:"):
+                        kind = line.partition(":")[2].strip()
+                    elif line.startswith("data:"):
+                        yield kind, json.loads(line.partition(":")[2])
+                        kind = "message"
+        except httpx.HTTPError as exc:
+            raise LLMError(f"agentd.Context: cannot reach {url}: {exc}") from exc
+
     # --- sharing ----------------------------------------------------------------------
 
     def fork(self, n: int = 1) -> list[Context]:
@@ -319,13 +381,16 @@ class Context:
         if r.status_code == 404 and path.startswith("/contexts/snapshots/"):
             raise SnapshotNotFound(f"agentd.Context: no snapshot {path.rsplit('/', 1)[1]!r}")
         if r.status_code >= 400:
-            try:
-                message = r.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                message = r.text[:500]
             raise LLMError(f"agentd.Context: {method} {path} answered {r.status_code}: "
-                           f"{message}")
+                           f"{_message(r)}")
         return {} if r.status_code == 204 else dict(r.json())
+
+
+def _message(r: httpx.Response) -> str:
+    try:
+        return str(r.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return r.text[:500]
 
 
 def _generation(answer: dict[str, Any]) -> Generation:

@@ -7,7 +7,7 @@ each daemon and program owns, so reconciliation needs nothing but the engine.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -100,17 +100,25 @@ class ExecResult:
         }
 
 
+# Told each piece of a command's output as it arrives: ("stdout" | "stderr", the bytes).
+OutputListener = Callable[[str, bytes], None]
+
+
 @dataclass
 class OutputBuffer:
     """Keeps the last `limit` bytes of a stream: a runaway command must not fill our memory,
-    and the end of the output is where the answer or the error is."""
+    and the end of the output is where the answer or the error is. `listener`, when set,
+    sees every piece as it arrives (a streamed exec)."""
 
     limit: int = 1 << 20
     chunks: list[bytes] = field(default_factory=list)
     size: int = 0
     dropped: int = 0
+    listener: Callable[[bytes], None] | None = None
 
     def add(self, data: bytes) -> None:
+        if self.listener is not None:
+            self.listener(data)
         self.chunks.append(data)
         self.size += len(data)
         if self.size > 2 * self.limit:
@@ -149,8 +157,10 @@ class Backend(Protocol):
     async def create(self, owner: Owner, spec: ToolSpec) -> Environment:
         """Build and start an environment; its resources carry `owner`'s labels."""
 
-    async def exec(self, env: Environment, argv: Sequence[str], timeout_s: float) -> ExecResult:
-        """Run argv to completion in `env`; on timeout kill it and everything it started."""
+    async def exec(self, env: Environment, argv: Sequence[str], timeout_s: float,
+                   on_output: OutputListener | None = None) -> ExecResult:
+        """Run argv to completion in `env`; on timeout kill it and everything it started.
+        `on_output` is told each piece of output as it arrives, on the event loop."""
 
     async def put_file(self, env: Environment, path: str, data: bytes, mode: int = 0o644) -> None:
         """Write a file; a relative path is taken from the environment's working dir."""

@@ -18,7 +18,15 @@ import docker
 from docker.types import Mount, Ulimit
 
 from tools import docker_exec
-from tools.base import LABEL_DAEMON, LABEL_PROGRAM, Environment, ExecResult, Owner, Resource
+from tools.base import (
+    LABEL_DAEMON,
+    LABEL_PROGRAM,
+    Environment,
+    ExecResult,
+    OutputListener,
+    Owner,
+    Resource,
+)
 from tools.docker_errors import call
 from tools.errors import Reason, ToolError
 from tools.spec import ToolSpec
@@ -186,9 +194,11 @@ class DockerBackend:
             raise
         return Environment("docker", container_id, owner, spec, spec.workdir or DEFAULT_WORKDIR)
 
-    async def exec(self, env: Environment, argv: Sequence[str], timeout_s: float) -> ExecResult:
+    async def exec(self, env: Environment, argv: Sequence[str], timeout_s: float,
+                   on_output: OutputListener | None = None) -> ExecResult:
         client = await self.client()
-        return await docker_exec.exec_result(client.api, env, argv, timeout_s, self._oom_seen)
+        return await docker_exec.exec_result(client.api, env, argv, timeout_s, self._oom_seen,
+                                             on_output)
 
     async def put_file(self, env: Environment, path: str, data: bytes, mode: int = 0o644) -> None:
         await docker_exec.put_file((await self.client()).api, env, path, data, mode)

@@ -13,11 +13,11 @@ import io
 import posixpath
 import tarfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tools.base import Environment, ExecResult, OutputBuffer, result_reason
+from tools.base import Environment, ExecResult, OutputBuffer, OutputListener, result_reason
 from tools.docker_errors import call
 from tools.errors import Reason, ToolError
 
@@ -90,12 +90,23 @@ async def oom_kills(api: Any, container_id: str) -> int:
 
 
 async def run_exec(
-    api: Any, env: Environment, argv: Sequence[str], timeout_s: float
+    api: Any, env: Environment, argv: Sequence[str], timeout_s: float,
+    on_output: OutputListener | None = None,
 ) -> tuple[int, _Stream, bool]:
-    """Returns (exit code, output, timed out)."""
+    """Returns (exit code, output, timed out). `on_output` hears the output as it arrives,
+    on this event loop (the stream is read in a thread)."""
     wrapped = ["/bin/sh", "-c", _WRAPPER, "agentd-exec", *argv]
     exec_id = (await call(api.exec_create, env.id, wrapped, workdir=env.workdir))["Id"]
     stream = _Stream()
+    if on_output is not None:
+        loop = asyncio.get_running_loop()
+
+        def hand_over(name: str) -> Callable[[bytes], None]:
+            def heard(data: bytes) -> None:
+                loop.call_soon_threadsafe(on_output, name, data)
+            return heard
+
+        stream.stdout.listener, stream.stderr.listener = hand_over("stdout"), hand_over("stderr")
     pump = asyncio.ensure_future(call(_pump, api, exec_id, stream))
     try:
         return await asyncio.wait_for(asyncio.shield(pump), timeout_s), stream, False
@@ -113,10 +124,11 @@ async def run_exec(
 
 
 async def exec_result(
-    api: Any, env: Environment, argv: Sequence[str], timeout_s: float, oom_seen: dict[str, int]
+    api: Any, env: Environment, argv: Sequence[str], timeout_s: float, oom_seen: dict[str, int],
+    on_output: OutputListener | None = None,
 ) -> ExecResult:
     start = time.monotonic()
-    code, stream, timed_out = await run_exec(api, env, argv, timeout_s)
+    code, stream, timed_out = await run_exec(api, env, argv, timeout_s, on_output)
     duration = time.monotonic() - start
     oom = False
     if code == 137 and not timed_out and env.spec.memory_mb:

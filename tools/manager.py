@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tools import reclaim
-from tools.base import Backend, Environment, ExecResult, Owner, as_argv
+from tools.base import Backend, Environment, ExecResult, OutputListener, Owner, as_argv
 from tools.errors import Reason, ToolError
 from tools.metrics import ToolMetrics
 from tools.spec import ToolSpec
@@ -231,9 +231,11 @@ class ToolManager:
         *,
         timeout_s: float | None = None,
         spec: ToolSpec | None = None,
+        on_output: OutputListener | None = None,
     ) -> ExecResult:
         """Run a command in the program's `tool` environment. A string is a shell line.
-        A non-zero exit, a timeout or an OOM kill is a result; a broken environment raises."""
+        A non-zero exit, a timeout or an OOM kill is a result; a broken environment raises.
+        `on_output` hears the output as it arrives."""
         exec_id = next(self._exec_ids)
         base = {"program_id": program_id, "tool": tool, "exec_id": exec_id}
         reclaim.emit(self._on_event, "tool.exec.start", **base)
@@ -244,7 +246,8 @@ class ToolManager:
             self.counters.exec_wait_seconds.observe(waited)
             argv = as_argv(command, env.spec.command)
             backend = self._backends[env.backend]
-            result = await backend.exec(env, argv, timeout_s or env.spec.exec_timeout_s)
+            result = await backend.exec(env, argv, timeout_s or env.spec.exec_timeout_s,
+                                        on_output)
         except ToolError as exc:
             _tag(exc, program_id, tool)
             self.counters.execs[str(exc.reason)] += 1

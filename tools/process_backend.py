@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
@@ -23,7 +24,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tools.base import Environment, ExecResult, OutputBuffer, Owner, Resource, result_reason
+from tools.base import (
+    Environment,
+    ExecResult,
+    OutputBuffer,
+    OutputListener,
+    Owner,
+    Resource,
+    result_reason,
+)
 from tools.errors import Reason, ToolError
 from tools.spec import ToolSpec
 
@@ -110,7 +119,8 @@ class ProcessBackend:
         await asyncio.to_thread(_make_dir, path, json.dumps(labels))
         return Environment("process", str(path), owner, spec, str(path / "work"))
 
-    async def exec(self, env: Environment, argv: Sequence[str], timeout_s: float) -> ExecResult:
+    async def exec(self, env: Environment, argv: Sequence[str], timeout_s: float,
+                   on_output: OutputListener | None = None) -> ExecResult:
         if not await asyncio.to_thread(os.path.isdir, env.workdir):
             raise ToolError(Reason.DEAD, f"working directory {env.workdir} is gone")
         limits = _rlimits(env.spec)
@@ -130,6 +140,9 @@ class ProcessBackend:
             return ExecResult(127, "", f"{argv[0]}: {exc.strerror}", 0.0, Reason.EXIT)
         self._groups.setdefault(env.id, set()).add(proc.pid)
         out, err = OutputBuffer(), OutputBuffer()
+        if on_output is not None:
+            out.listener = functools.partial(on_output, "stdout")
+            err.listener = functools.partial(on_output, "stderr")
         try:
             code, timed_out = await self._wait(proc, out, err, timeout_s)
         finally:

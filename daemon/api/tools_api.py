@@ -4,13 +4,16 @@ their KV timing, list, gc."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Awaitable
 from typing import Any
 
 import msgspec
 from litestar import Controller, Request, Response, get, post
+from litestar.response import ServerSentEvent
 
 from daemon.access.auth import OPERATOR, READ, SUBMIT, principal_of
 from daemon.api.errors import decode_body, error_body
+from daemon.api.exec_stream import exec_events
 from daemon.api.ids import id_problem
 from daemon.api.tenants import access_of, check_program, program_owners, request_tenant
 from daemon.core.core import Core
@@ -19,6 +22,7 @@ from daemon.core.tenants import open_program
 from daemon.errors import ApiError
 from daemon.toolsvc.service import ToolService
 from tools import ToolError
+from tools.base import ExecResult, OutputListener
 
 MAX_EXEC_TIMEOUT_S = 3600.0
 
@@ -26,6 +30,9 @@ MAX_EXEC_TIMEOUT_S = 3600.0
 class ExecBody(msgspec.Struct, forbid_unknown_fields=True):
     command: str | list[str]
     timeout_s: float | None = None
+    # Answer with server-sent events: the output as it arrives, then the result
+    # (daemon/api/exec_stream.py).
+    stream: bool = False
     # Overrides of the declared or configured spec; for a tool neither knows, the spec.
     spec: dict[str, Any] | None = None
 
@@ -53,12 +60,15 @@ def _status(err: ToolError) -> int:
 
 
 def _tool_error(exc: ToolError, param: str | None = None) -> Response[Any]:
+    return Response(_tool_error_body(exc, param), status_code=_status(exc))
+
+
+def _tool_error_body(exc: ToolError, param: str | None = None) -> dict[str, Any]:
     # ApiError's shape has no room for what a tool failure carries (reason, exit code,
     # stderr tail), and a caller deciding whether to retry needs exactly that.
-    status = _status(exc)
-    body = error_body(status, str(exc), str(exc.reason), param)
+    body = error_body(_status(exc), str(exc), str(exc.reason), param)
     body["error"]["tool_error"] = exc.to_dict()
-    return Response(body, status_code=status)
+    return body
 
 
 def _by_program(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
@@ -92,6 +102,15 @@ class ToolsController(Controller):
         except ToolError as exc:
             return _tool_error(exc, "spec")
         timeout = body.timeout_s or (spec.exec_timeout_s if spec else None)
+        if body.stream:
+            def run(on_output: OutputListener) -> Awaitable[ExecResult]:
+                return tools.manager.exec(program_id, tool, body.command, timeout_s=timeout,
+                                          spec=spec, on_output=on_output)
+
+            def failed(exc: ToolError) -> dict[str, Any]:
+                return {**_tool_error_body(exc), "status": _status(exc)}
+
+            return ServerSentEvent(exec_events(run, failed))
         try:
             result = await tools.manager.exec(program_id, tool, body.command,
                                               timeout_s=timeout, spec=spec)
