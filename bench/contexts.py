@@ -28,15 +28,16 @@ prefix blocks.
   lineage inference may still join the turns into one program).
 
 One daemon on one sim worker with the `llama3-8b-h100` cost model (`sim_cost_model`), its
-KV (`sim_kv_tokens`) and time scale (`sim_time_scale`) as options. Each round runs every
-concurrency, and at each concurrency the three modes in a rotated order; a phase starts
-`C` agents at once and ends when the last one ends. Per mode and concurrency: agents/s
+KV (`sim_kv_tokens`) and time scale (`sim_time_scale`) as options; or, `--engine vllm`, on
+one real vLLM CPU worker serving SmolLM2-135M (shorter agents, to fit its 2,048 tokens).
+Each round runs every concurrency, and at each concurrency the modes in a rotated order; a
+phase starts `C` agents at once and ends when the last one ends. Per mode and concurrency: agents/s
 (C / the phase's wall time, mean over rounds) and latency per agent (p50/p99 over all
 rounds' agents); the ratio program / chat-program-id of agents/s per round at the highest
 concurrency (mean and worst) against the issue's target (>= 1.3), and contexts-client /
 chat-program-id beside it.
 
-    python -m bench.contexts [--rounds 3] [--concurrency 4,16,32] [--quick]
+    python -m bench.contexts [--rounds 3] [--concurrency 4,16,32] [--quick] [--engine vllm]
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ import argparse
 import asyncio
 import os
 import random
+import signal
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -59,6 +62,7 @@ import openai
 
 from agentd.runtime import LLMError
 from bench.common import TRACES, Stopwatch, log, save
+from daemon.models.smollm2 import DEFAULT_SMOLLM2_DIR
 from daemon.replay.traces import load_miniswe
 from daemon.replay.workload import ProgramSpec
 from tests.daemon_process import DaemonProcess
@@ -68,6 +72,10 @@ MODES = ("program", "contexts-client", "chat-program-id", "chat-plain")
 TARGET = 1.3  # issue 26: the in-server program >= 1.3x the client-driven loop's agents/s
 TOOL_CALLS = 8
 WORKFLOW = "bench-contexts-react"
+KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4  # SmolLM2-135M in float32: K and V, 30 layers, 3x64
+# Per engine: (system words, observation words, output tokens, final tokens, KV tokens);
+# SmolLM2's 2,048-token window holds the whole agent on the real worker.
+SHAPES = {"sim": (400, 120, 48, 32, 65536), "vllm": (150, 60, 24, 16, 16384)}
 _WORDS = ("the", "file", "test", "line", "error", "value", "function", "return", "class",
           "import", "module", "path", "call", "check", "output", "input", "case", "code",
           "fix", "run", "data", "list", "name", "type", "time", "set", "get", "new", "old")
@@ -361,7 +369,22 @@ def run_phase(d: DaemonProcess, mode: str, agents: Sequence[Agent], rnd: int,
 # --- output ---------------------------------------------------------------------------
 
 
-def plot(summary: dict[str, Any], path: Path) -> None:
+def start_daemon(data_dir: Path, args: argparse.Namespace) -> DaemonProcess:
+    if args.engine == "sim":
+        return DaemonProcess(data_dir=data_dir, env={
+            "AGENTD_SIM_COST_MODEL": args.cost_model,
+            "AGENTD_SIM_KV_TOKENS": str(args.kv_tokens),
+            "AGENTD_SIM_TIME_SCALE": str(args.time_scale), "AGENTD_LOG_LEVEL": "warning"},
+        ).start()
+    return DaemonProcess(data_dir=data_dir, engine="vllm", extra_args=["--model", args.model],
+                         env={"AGENTD_VLLM_KV_CACHE_BYTES": str(args.kv_tokens
+                                                                * KV_BYTES_PER_TOKEN),
+                              "AGENTD_VLLM_DTYPE": "float32",
+                              "AGENTD_VLLM_MAX_MODEL_LEN": "2048",
+                              "AGENTD_LOG_LEVEL": "warning"}).start(timeout=600)
+
+
+def plot(summary: dict[str, Any], path: Path, engine: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -379,7 +402,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
         ax.set_title(title)
         ax.legend(fontsize=8)
     ratio = summary["program_vs_chat_program_id"]
-    fig.suptitle("ReAct agent (8 tool calls), sim llama3-8b-h100: program with contexts vs "
+    fig.suptitle(f"ReAct agent (8 tool calls), {engine}: program with contexts vs "
                  f"client loops; program / chat-program-id at C={summary['highest_concurrency']}"
                  f": {ratio['mean'] if ratio else '-'} (target {summary['target']})")
     fig.tight_layout()
@@ -393,18 +416,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tool-scale", type=float, default=0.05)
     p.add_argument("--tool-cap-s", type=float, default=2.0)
-    p.add_argument("--system-words", type=int, default=400)
-    p.add_argument("--observation-words", type=int, default=120)
-    p.add_argument("--output-tokens", type=int, default=48)
-    p.add_argument("--final-tokens", type=int, default=32)
-    p.add_argument("--cost-model", default="llama3-8b-h100")
-    p.add_argument("--kv-tokens", type=int, default=65536)
+    p.add_argument("--engine", choices=sorted(SHAPES), default="sim")
+    p.add_argument("--system-words", type=int, help="default: 400 (sim), 150 (vllm)")
+    p.add_argument("--observation-words", type=int, help="default: 120 (sim), 60 (vllm)")
+    p.add_argument("--output-tokens", type=int, help="default: 48 (sim), 24 (vllm)")
+    p.add_argument("--final-tokens", type=int, help="default: 32 (sim), 16 (vllm)")
+    p.add_argument("--cost-model", default="llama3-8b-h100", help="the sim's")
+    p.add_argument("--kv-tokens", type=int, help="default: 65536 (sim), 16384 (vllm)")
+    p.add_argument("--model", default=str(DEFAULT_SMOLLM2_DIR), help="the vLLM worker's")
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--quick", action="store_true", help="smoke test: 1 round, 4 and 8 agents")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke test: 1 round, 4 and 8 agents (vllm: 2 and 4)")
     args = p.parse_args(argv)
+    shape = SHAPES[args.engine]
+    for name, default in zip(("system_words", "observation_words", "output_tokens",
+                              "final_tokens", "kv_tokens"), shape, strict=True):
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     if args.quick:
-        args.rounds, args.concurrency = 1, "4,8"
+        args.rounds, args.concurrency = 1, "4,8" if args.engine == "sim" else "2,4"
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     modes = tuple(m.strip() for m in args.modes.split(","))
     if unknown := set(modes) - set(MODES):
@@ -412,15 +443,13 @@ def main(argv: list[str] | None = None) -> int:
     pool = tool_latency_pool(load_miniswe(TRACE))
     log(f"[bench-contexts] {len(pool)} tool latencies from {TRACE.name}, x{args.tool_scale} "
         f"capped at {args.tool_cap_s} s; concurrency {concurrencies}, {args.rounds} rounds, "
-        f"sim {args.cost_model}")
+        f"{'sim ' + args.cost_model if args.engine == 'sim' else 'vLLM ' + args.model}")
+    # A SIGTERM (a `timeout`, a CI cancel) unwinds like Ctrl-C, so the daemon is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     clock = Stopwatch()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="agentd-bench-contexts-") as tmp:
-        d = DaemonProcess(data_dir=Path(tmp) / "data", env={
-            "AGENTD_SIM_COST_MODEL": args.cost_model,
-            "AGENTD_SIM_KV_TOKENS": str(args.kv_tokens),
-            "AGENTD_SIM_TIME_SCALE": str(args.time_scale), "AGENTD_LOG_LEVEL": "warning"},
-        ).start()
+        d = start_daemon(Path(tmp) / "data", args)
         try:
             r = d.post("/v1/workflows", json={"name": WORKFLOW, "files": {"main.py": PROGRAM},
                                               "entry": "main:main"})
@@ -450,11 +479,15 @@ def main(argv: list[str] | None = None) -> int:
               "concurrency": concurrencies, "seed": args.seed, "tool_scale": args.tool_scale,
               "tool_cap_s": args.tool_cap_s, "system_words": args.system_words,
               "observation_words": args.observation_words, "output_tokens": args.output_tokens,
-              "final_tokens": args.final_tokens, "engine": "sim",
-              "sim_cost_model": args.cost_model, "sim_kv_tokens": args.kv_tokens,
-              "sim_time_scale": args.time_scale, "summary": summary}
-    path = save("contexts_quick" if args.quick else "contexts", params, rows)
-    plot(summary, path.with_suffix(".png"))
+              "final_tokens": args.final_tokens, "engine": args.engine,
+              "kv_tokens": args.kv_tokens, "summary": summary,
+              **({"sim_cost_model": args.cost_model, "sim_time_scale": args.time_scale,
+                  "simulated": True} if args.engine == "sim"
+                 else {"model": Path(args.model).name, "simulated": False})}
+    name = "contexts" + ("_vllm" if args.engine == "vllm" else "")
+    path = save(name + ("_quick" if args.quick else ""), params, rows)
+    plot(summary, path.with_suffix(".png"),
+         f"sim {args.cost_model}" if args.engine == "sim" else f"vLLM CPU, {Path(args.model).name}")
     for mode, per in summary["by_mode"].items():
         for c, s in per.items():
             log(f"  {mode:16s} C={c:>3s} {s['agents_per_s']} agents/s, p50 "
