@@ -452,7 +452,7 @@ async def _sse(
         while True:
             item = await req.stream.get()
             if item.error is not None:
-                error = error_body(500, item.error, "engine_error")
+                error = error_body(_engine_status(item.error), item.error, "engine_error")
                 yield b"data: " + _json.encode(error) + b"\n\n"
                 break
             if item.finish is not None:
@@ -502,9 +502,15 @@ async def until_finish(core: Core, req: RequestState, program_id: str, ephemeral
         if ephemeral:
             _release_quietly(core, program_id)
     if item.error is not None:
-        raise ApiError(503 if "worker" in item.error else 500, item.error, "engine_error")
+        raise ApiError(_engine_status(item.error), item.error, "engine_error")
     assert item.finish is not None
     return items, item.finish
+
+
+def _engine_status(error: str) -> int:
+    """A request the engine failed: 503 when the engine or its worker is gone (the client
+    may retry; the worker is being replaced), else 502 (the upstream engine failed it)."""
+    return 503 if "worker" in error or "EngineDeadError" in error else 502
 
 
 async def _finish_recorded(core: Core, since: int) -> bool:

@@ -160,7 +160,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         await runtime.run()
 
     asyncio.run(run())
-    return 0
+    return 1 if runtime.engine_died else 0
 
 
 # --- agentd model -------------------------------------------------------------------

@@ -44,6 +44,12 @@ class Engine(Protocol):
 
     def stats(self) -> WorkerStats: ...
 
+    @property
+    def dead(self) -> bool:
+        """The engine can serve nothing more (its core process died): the worker exits, so
+        its supervisor starts a new one and the daemon fails its requests over."""
+        ...
+
     def residency_report(self, everything: bool
                          ) -> tuple[dict[str, ProgramResidency], list[str]]: ...
 

@@ -54,6 +54,7 @@ class WorkerRuntime:
         self._stopping = asyncio.Event()
         self._send_lock = asyncio.Lock()
         self._last_contact = 0.0
+        self.engine_died = False  # it stopped because its engine died (exit non-zero)
 
     async def run(self) -> None:
         die_with_daemon()  # before the engine loads: that can take a while
@@ -201,6 +202,12 @@ class WorkerRuntime:
     async def _heartbeat_loop(self) -> None:
         everything = True  # a daemon that (re)registered us knows no residency yet
         while True:
+            if self.engine.dead:
+                log.error("the %s engine died: this worker exits, so that its supervisor "
+                          "starts a new one", self.engine.engine)
+                self.engine_died = True
+                self._stopping.set()
+                return
             residency, dropped = self.engine.residency_report(everything)
             everything = False
             await self._send(protocol.Heartbeat(

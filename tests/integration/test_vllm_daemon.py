@@ -145,6 +145,30 @@ def test_worker_crash_fails_clearly_and_is_restarted(client, daemon) -> None:  #
     assert resp.usage is not None and resp.usage.completion_tokens > 0
 
 
+def test_an_engine_core_that_dies_ends_its_worker_which_is_restarted(
+        client: openai.OpenAI, daemon: DaemonProcess) -> None:
+    """vLLM runs its engine core in a child process of the worker; when that dies the worker
+    process lives on, and every request it took would fail for ever. It exits instead
+    (non-zero), its supervisor starts a new one, and the daemon serves again."""
+    import psutil
+
+    old = worker(daemon)
+    [core] = [p for p in psutil.Process(old["pid"]).children(recursive=True)
+              if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()]
+    core.kill()
+
+    def replaced() -> bool:
+        healthy = [w for w in daemon.get("/v1/workers").json()["data"] if w["status"] == "healthy"]
+        return bool(healthy) and healthy[0]["pid"] != old["pid"]
+
+    wait_for(replaced, 180, "the worker whose engine died to be replaced", interval=1.0)
+    exits = daemon.get("/v1/events", params={"kind": "worker.exited"}).json()["data"]
+    assert any("exited with 1" in e["message"] for e in exits), exits
+    resp = client.chat.completions.create(
+        model=model(client), max_tokens=4, messages=[{"role": "user", "content": "Hi"}])
+    assert resp.usage is not None and resp.usage.completion_tokens > 0
+
+
 def test_small_kv_cache_preempts(tmp_path: Path) -> None:
     # 256 tokens of KV (8 blocks of 32) for 8 concurrent ~120-token requests: the engine
     # must preempt. The daemon's admission fence exists to prevent exactly that, so it is

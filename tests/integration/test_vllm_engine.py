@@ -294,3 +294,28 @@ async def test_converted_directory_carries_every_fix() -> None:
         names = set(weights.keys())
         assert "lm_head.weight" not in names  # tied: vLLM reuses the embeddings
         assert weights.get_slice("model.embed_tokens.weight").get_dtype() == "BF16"
+
+
+async def test_seeded_requests_prefilled_together_do_not_kill_the_cpu_engine() -> None:
+    """Sixteen seeded 900-token prompts at once: with chunked prefill vLLM's CPU build split
+    them and, rewinding a seeded request's generator, died ("CPU Generator does not use
+    offset", EngineDeadError for every request). On CPU the worker prefills prompts whole."""
+    _require_vllm()
+    import random
+
+    from daemon.engines.vllm.engine import VllmEngine
+
+    eng = VllmEngine(str(MODEL_DIR), kv_cache_bytes=512 << 20, block_size=BLOCK,
+                     max_model_len=1024, dtype="float32")
+    await eng.start()
+    try:
+        def seeded(i: int) -> Submit:
+            rng = random.Random(i)
+            return Submit(request_id=f"seeded-{i}", program_id=f"p-seeded-{i}",
+                          prompt_token_ids=[rng.randrange(100, 20_000) for _ in range(900)],
+                          sampling=SamplingParams(max_tokens=4, temperature=0.7, seed=1234 + i))
+
+        finishes = await asyncio.gather(*(_collect(eng, seeded(i)) for i in range(16)))
+        assert [f.reason for _, f in finishes] == ["length"] * 16, [f.error for _, f in finishes]
+    finally:
+        await eng.shutdown()

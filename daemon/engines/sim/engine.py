@@ -286,6 +286,10 @@ class SimEngine:
     def stats(self) -> WorkerStats:
         return self.scheduler.stats()
 
+    @property
+    def dead(self) -> bool:
+        return self._task is not None and self._task.done()  # its step loop ended
+
     def residency_report(self, everything: bool
                          ) -> tuple[dict[str, ProgramResidency], list[str]]:
         return self.scheduler.residency.take_report(everything)

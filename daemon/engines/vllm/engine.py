@@ -120,6 +120,10 @@ class VllmEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        # vLLM's CPU build cannot rewind a request's own generator (a `seed`): a seeded
+        # request whose prompt is prefilled in chunks kills the engine core ("CPU Generator
+        # does not use offset"). So on CPU a prompt is prefilled whole, in one step.
+        whole_prefill = on_cpu_build()
         args = AsyncEngineArgs(
             model=self.model_dir,
             served_model_name=[self.model],
@@ -131,6 +135,8 @@ class VllmEngine:
             enforce_eager=self._enforce_eager,
             load_format=self._load_format,
             max_num_seqs=self.max_batch,
+            enable_chunked_prefill=False if whole_prefill else None,
+            max_num_batched_tokens=max(self._max_model_len, 2048) if whole_prefill else None,
             # Our stat logger is the only consumer; vLLM's periodic log lines are noise.
             disable_log_stats=True,
             # Evicted blocks go to host memory and are published with medium "CPU": the
@@ -180,6 +186,10 @@ class VllmEngine:
                 self.residency.apply_all(batch.events)
         finally:
             sock.close(linger=0)
+
+    @property
+    def dead(self) -> bool:
+        return self._llm is not None and bool(self._llm.errored)
 
     def residency_report(self, everything: bool
                          ) -> tuple[dict[str, ProgramResidency], list[str]]:
