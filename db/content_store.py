@@ -18,15 +18,18 @@ async def get_content(s: AsyncSession, request_id: str) -> dict[str, Any] | None
     return None if row is None else as_dict(row)
 
 
-async def session_contents(s: AsyncSession, session_id: str, limit: int
-                           ) -> tuple[list[dict[str, Any]], int]:
-    """The session's stored contents, the newest `limit` of them oldest first, each with
-    its request's queue time, and how many it has."""
+async def session_contents(s: AsyncSession, session_id: str, limit: int,
+                           program_id: str | None = None) -> tuple[list[dict[str, Any]], int]:
+    """The session's stored contents (of one of its programs, `program_id`), the newest
+    `limit` of them oldest first, each with its request's queue time, and how many."""
     c, r = models.RequestContent, models.Request
-    total = await s.scalar(select(func.count()).select_from(c).where(c.session_id == session_id))
+    where = [c.session_id == session_id]
+    if program_id is not None:
+        where.append(c.program_id == program_id)
+    total = await s.scalar(select(func.count()).select_from(c).where(*where))
     rows = await s.execute(
         select(c, r.queued_at, r.model).join(r, r.id == c.request_id)
-        .where(c.session_id == session_id)
+        .where(*where)
         .order_by(r.queued_at.desc(), r.id.desc()).limit(limit))
     out = [{**as_dict(row), "queued_at": queued, "model": model}
            for row, queued, model in rows.all()]

@@ -15,7 +15,7 @@ from typing import Any
 from litestar import Response, get
 
 from webui.client import Api
-from webui.controllers import runs_or_none
+from webui.controllers import CONTENT_ROWS, runs_or_none
 from webui.overview import engine_label, program_row, worker_row
 from webui.web import Req, qall, render, with_api
 
@@ -50,8 +50,11 @@ async def program_page(request: Req) -> Response[Any]:
         program = {**body, **program_row(body)}
         runs = [r for r in await runs_or_none(api) if r.get("program_id") == program_id]
         workers = [worker_row(w) for w in await api.workers()]
+        contents = await api.get(f"/v1/sessions/{qall(program['session_id'])}/contents",
+                                 limit=CONTENT_ROWS, program_id=program_id)
         return render(
             request, "program.html", title=f"Program {program_id}", program=program,
+            contents=contents["data"], contents_total=contents["total"],
             live="held" in body,  # only the daemon's own copy carries `held`
             requests=[request_row(r) for r in body.get("requests") or []], runs=runs,
             workers=workers, events=await _trace_of(api, program["session_id"],

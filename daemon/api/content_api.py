@@ -95,13 +95,16 @@ class ContentController(Controller):
         self, core: Core, session_id: str,
         limit: int = Parameter(default=100, ge=1, le=1000,
                                description="the newest this many"),
+        program_id: str | None = Parameter(default=None, max_length=256,
+                                           description="only this program's requests"),
     ) -> dict[str, Any]:
         await core.writer.flush()
         async with core.sessions() as s:
             if await repo.get_session(s, session_id) is None:
                 raise ApiError(404, f"unknown session '{session_id}'", "not_found",
                                param="session_id")
-            rows, total = await content_store.session_contents(s, session_id, limit)
+            rows, total = await content_store.session_contents(s, session_id, limit,
+                                                               program_id)
         return {"data": rows, "total": total}
 
     @post("/sessions/{session_id:str}/export/otlp", status_code=200, opt={"scope": SUBMIT},

@@ -166,6 +166,8 @@ def test_a_session_lists_its_stored_contents(world: World) -> None:
     newest = get(world.d, "/v1/sessions/s-p-loud/contents", limit=1)
     assert newest["total"] == 3 and [c["program_id"] for c in newest["data"]] == ["p-loud-2"]
     assert get(world.d, "/v1/sessions/s-p-quiet/contents") == {"data": [], "total": 0}
+    one = get(world.d, "/v1/sessions/s-p-loud/contents", program_id="p-loud-2")
+    assert one["total"] == 1 and [c["program_id"] for c in one["data"]] == ["p-loud-2"]
     r = world.d.get("/v1/sessions/s-p-loud/contents", params={"limit": 0})
     assert r.status_code == 400 and "limit" in r.text, r.text
 

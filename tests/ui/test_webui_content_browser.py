@@ -60,6 +60,7 @@ def test_a_session_with_content_and_its_program_page(browser: Any, tmp_path: Pat
 
         page.goto(f"{d.url}/ui/program?id=fixer")
         expect(page.locator("#program-usage")).to_contain_text("3 request(s)")
+        expect(page.locator("#session-contents")).to_contain_text("tool output 1: 3 passed")
         page.screenshot(path=str(shots / "program.png"), full_page=True)
         publish(shots / "program.png", "webui-program.png")
 
