@@ -51,12 +51,13 @@ def test_fifty_agents_pause_restore_and_finish(kv_daemon: DaemonProcess) -> None
     for n in range(50):
         events = d.get(f"/v1/sessions/s-{n}/trace", params={"limit": 5000}).json()["data"]
         statuses = [e["data"]["new"] for e in events if e["kind"] == "program.status"]
-        if "PAUSED" in statuses:
-            paused_programs.add(n)
-            # Every pause ends with the program running again.
-            assert statuses.index("PAUSED") < len(statuses) - 1
+        # All four requests finished, so every pause before the last one ended with the
+        # program running again; a pause after its last request (idle, holding KV others
+        # want, not released yet) is the policy's to make.
         assert sum(e["kind"] == "request.finished" for e in events) == 4
-    assert paused_programs, "no program was ever paused: KV pressure did not build up"
+        if "PAUSED" in statuses and "REASONING" in statuses[statuses.index("PAUSED"):]:
+            paused_programs.add(n)
+    assert paused_programs, "no program was paused mid-run: KV pressure did not build up"
     kinds = {e["kind"] for n in paused_programs
              for e in d.get(f"/v1/sessions/s-{n}/trace").json()["data"]}
     assert {"kv.pause", "kv.restore"} <= kinds
