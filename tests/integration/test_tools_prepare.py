@@ -40,11 +40,7 @@ def paused_daemon(request: pytest.FixtureRequest, daemon_factory: Callable[..., 
     image = request.getfixturevalue("busybox_image") if request.param == "docker" else None
     d = daemon_factory(
         workers=1, extra_args=["--config", str(_config(tmp_path, request.param, image))],
-        # A's 300 tokens at 3x the modelled step time take several seconds: B's wait must
-        # outlast a container's creation plus its SETUP_S on a loaded machine, or the
-        # test measures the engine's speed, not where preparation falls.
-        env={"AGENTD_SIM_KV_TOKENS": "4096", "AGENTD_KV_POLICY": "thunderagent",
-             "AGENTD_SIM_TIME_SCALE": "3"},
+        env={"AGENTD_SIM_KV_TOKENS": "4096", "AGENTD_KV_POLICY": "thunderagent"},
     )
     yield d.start()
     if image:
