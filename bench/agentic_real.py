@@ -39,9 +39,9 @@ from typing import Any
 import httpx
 import openai
 
-from bench.common import TRACES, Stopwatch, log, save
+from bench.common import TRACES, Stopwatch, log, save, words
 from daemon import config as config_mod
-from daemon.models.smollm2 import DEFAULT_SMOLLM2_DIR
+from daemon.models.smollm2 import DEFAULT_SMOLLM2_DIR, DTYPE_BYTES, kv_bytes_per_token
 from daemon.replay.traces import load_miniswe
 from daemon.replay.virtual import Hardware, Workload, replay
 from daemon.replay.workload import ProgramSpec, StepSpec
@@ -49,14 +49,8 @@ from tests.daemon_process import DaemonProcess
 
 TRACE = TRACES / "miniswe_gemini3pro_swebv_steps_dev.csv"
 POLICIES = ("vllm-default", "continuum-ttl", "agentd")
-KV_VALUES_PER_TOKEN = 2 * 30 * 3 * 64  # SmolLM2-135M: K and V, 30 layers, 3 KV heads x 64
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 BLOCK_SIZE = 32
 MAX_MODEL_LEN = 2048
-# Words that are one SmolLM2 token each after a space: observations of a known length.
-_WORDS = ("the", "file", "test", "line", "error", "value", "function", "return", "class",
-          "import", "module", "path", "call", "check", "output", "input", "case", "code",
-          "fix", "run", "data", "list", "name", "type", "time", "set", "get", "new", "old")
 
 
 @dataclass(frozen=True)
@@ -99,10 +93,6 @@ def _scaled(s: StepSpec, index: int, context_scale: float, output_scale: float,
                                             * context_scale))
     return Step(new, min(96, max(4, round(s.output_tokens * output_scale))),
                 min(5.0, s.tool_s * tool_scale))
-
-
-def words(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(_WORDS) for _ in range(n))
 
 
 @dataclass
@@ -323,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         d = DaemonProcess(
             data_dir=Path(tmp) / "data", engine="vllm", extra_args=["--model", args.model],
             env={"AGENTD_VLLM_KV_CACHE_BYTES": str(
-                     args.kv_tokens * KV_VALUES_PER_TOKEN * DTYPE_BYTES[args.dtype]),
+                     args.kv_tokens * kv_bytes_per_token(args.dtype)),
                  "AGENTD_VLLM_DTYPE": args.dtype,
                  "AGENTD_VLLM_KV_OFFLOAD_BYTES": str(args.offload_bytes),
                  "AGENTD_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN),

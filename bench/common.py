@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -11,6 +12,10 @@ from typing import Any
 from daemon.replay.traces import with_arrival
 from daemon.replay.workload import ProgramSpec
 
+# Words that are one SmolLM2 token each after a space: filler text of a known length.
+_WORDS = ("the", "file", "test", "line", "error", "value", "function", "return", "class",
+          "import", "module", "path", "call", "check", "output", "input", "case", "code",
+          "fix", "run", "data", "list", "name", "type", "time", "set", "get", "new", "old")
 RESULTS = Path(__file__).parent / "results"
 TRACES = Path("/work/shared/traces")
 
@@ -49,3 +54,8 @@ def trace_half(specs: list[ProgramSpec], part: str) -> list[ProgramSpec]:
     half = ordered[:mid] if part == "dev" else ordered[mid:]
     start = half[0].arrival_s if half else 0.0
     return [with_arrival(s, s.arrival_s - start) for s in half]
+
+
+def words(rng: random.Random, n: int) -> str:
+    """`n` filler words drawn by `rng`."""
+    return " ".join(rng.choice(_WORDS) for _ in range(n))

@@ -61,8 +61,8 @@ import httpx
 import openai
 
 from agentd.runtime import LLMError
-from bench.common import TRACES, Stopwatch, log, save
-from daemon.models.smollm2 import DEFAULT_SMOLLM2_DIR
+from bench.common import TRACES, Stopwatch, log, save, words
+from daemon.models.smollm2 import DEFAULT_SMOLLM2_DIR, kv_bytes_per_token
 from daemon.replay.traces import load_miniswe
 from daemon.replay.workload import ProgramSpec
 from tests.daemon_process import DaemonProcess
@@ -72,13 +72,9 @@ MODES = ("program", "contexts-client", "chat-program-id", "chat-plain")
 TARGET = 1.3  # issue 26: the in-server program >= 1.3x the client-driven loop's agents/s
 TOOL_CALLS = 8
 WORKFLOW = "bench-contexts-react"
-KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4  # SmolLM2-135M in float32: K and V, 30 layers, 3x64
 # Per engine: (system words, observation words, output tokens, final tokens, KV tokens);
 # SmolLM2's 2,048-token window holds the whole agent on the real worker.
 SHAPES = {"sim": (400, 120, 48, 32, 65536), "vllm": (150, 60, 24, 16, 16384)}
-_WORDS = ("the", "file", "test", "line", "error", "value", "function", "return", "class",
-          "import", "module", "path", "call", "check", "output", "input", "case", "code",
-          "fix", "run", "data", "list", "name", "type", "time", "set", "get", "new", "old")
 
 # The in-server agent: a workflow bundle's main.py. The same loop as `run_chat_agent`.
 PROGRAM = '''\
@@ -134,10 +130,6 @@ def draw_tool_latencies(pool: Sequence[float], n: int, scale: float, cap_s: floa
     if not pool:
         raise ValueError("the trace holds no tool latencies")
     return tuple(round(min(cap_s, rng.choice(pool) * scale), 3) for _ in range(n))
-
-
-def words(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(_WORDS) for _ in range(n))
 
 
 def make_agents(pool: Sequence[float], n: int, seed: int, *, system_words: int,
@@ -378,7 +370,7 @@ def start_daemon(data_dir: Path, args: argparse.Namespace) -> DaemonProcess:
         ).start()
     return DaemonProcess(data_dir=data_dir, engine="vllm", extra_args=["--model", args.model],
                          env={"AGENTD_VLLM_KV_CACHE_BYTES": str(args.kv_tokens
-                                                                * KV_BYTES_PER_TOKEN),
+                                                                * kv_bytes_per_token()),
                               "AGENTD_VLLM_DTYPE": "float32",
                               "AGENTD_VLLM_MAX_MODEL_LEN": "2048",
                               "AGENTD_LOG_LEVEL": "warning"}).start(timeout=600)

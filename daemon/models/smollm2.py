@@ -32,6 +32,16 @@ PACKAGE_VERSION = "0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MARKER = ".agentd-conversion.json"
 # Files vLLM reads; a marker beside a directory missing one of them is not trusted.
+# Its KV cache per token: K and V of 30 layers, 3 KV heads x 64 values; times the dtype's
+# bytes (vLLM's kv_cache_bytes setting is in bytes, what a test or benchmark sizes in tokens).
+KV_VALUES_PER_TOKEN = 2 * 30 * 3 * 64
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def kv_bytes_per_token(dtype: str = "float32") -> int:
+    return KV_VALUES_PER_TOKEN * DTYPE_BYTES[dtype]
+
+
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 

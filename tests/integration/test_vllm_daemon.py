@@ -14,13 +14,14 @@ from pathlib import Path
 import openai
 import pytest
 
+from daemon.models.smollm2 import kv_bytes_per_token
 from tests.daemon_process import DaemonProcess
 from tests.vllm_support import MODEL_DIR, _require_vllm
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.vllm
 KV_BYTES = 64 << 20
-FP32_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4  # SmolLM2-135M: 30 layers, 3 KV heads x 64
+FP32_BYTES_PER_TOKEN = kv_bytes_per_token("float32")
 BLOCK = 128
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import pytest
 import pytest_asyncio
 
+from daemon.models.smollm2 import kv_bytes_per_token
 from daemon.workers.protocol import ChatMessage, Finish, SamplingParams, Submit, TokenDelta
 from tests.vllm_support import MODEL_DIR, _require_vllm
 from tests.waiting import wait_for_async
@@ -31,9 +32,8 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
 
 BLOCK = 128
-# SmolLM2-135M: 30 layers, 3 KV heads of 64 dims; K and V each per token.
-KV_BYTES_PER_TOKEN_FP32 = 2 * 30 * 3 * 64 * 4
-KV_BYTES_PER_TOKEN_BF16 = KV_BYTES_PER_TOKEN_FP32 // 2
+KV_BYTES_PER_TOKEN_FP32 = kv_bytes_per_token("float32")
+KV_BYTES_PER_TOKEN_BF16 = kv_bytes_per_token("bfloat16")
 SHARED_KV_BYTES = 64 << 20
 
 
