@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+import agentd
 from tests.daemon_process import DaemonProcess
 
 
@@ -32,3 +33,12 @@ def sim_daemon(daemon_factory: Callable[..., DaemonProcess]) -> DaemonProcess:
 
 from tests.docker_fixtures import busybox_image, docker_client, docker_host  # noqa: E402, F401
 from tests.store_fixtures import store_with_writer  # noqa: E402, F401
+
+
+@pytest.fixture()
+def local(daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The SDK in local mode against the module's `daemon` (which the module defines)."""
+    monkeypatch.setenv("AGENTD_URL", daemon.url)
+    monkeypatch.setenv("AGENTD_TOKEN", daemon.token)
+    with agentd.local_runtime():
+        yield

@@ -4,17 +4,14 @@ agentd.Context.tool filling the output while the tool still runs."""
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Iterator
-from typing import Any
 
-import httpx
 import pytest
 
 import agentd
 from agentd.runtime import LLMError
 from tests.daemon_process import DaemonProcess
+from tests.streams import streamed_exec
 
 # Three lines a third of a second apart: a tool whose output comes while it runs.
 SLOW = "for i in 1 2 3; do echo line$i; sleep 0.3; done; echo oops >&2"
@@ -30,31 +27,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     d.stop()
 
 
-@pytest.fixture()
-def local(daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("AGENTD_URL", daemon.url)
-    monkeypatch.setenv("AGENTD_TOKEN", daemon.token)
-    with agentd.local_runtime():
-        yield
-
-
-def _events(d: DaemonProcess, program: str, body: dict[str, Any]
-            ) -> list[tuple[float, str, dict[str, Any]]]:
-    """(arrival time, event, data) of a streamed exec."""
-    out, kind = [], "message"
-    with httpx.stream("POST", f"{d.url}/v1/programs/{program}/tools/shell/exec",
-                      json={**body, "stream": True}, headers=d.auth_headers(),
-                      timeout=30) as r:
-        assert r.status_code == 200, r.read()
-        assert r.headers["content-type"].startswith("text/event-stream")
-        for line in r.iter_lines():
-            if line.startswith("event:"):
-                kind = line.partition(":")[2].strip()
-            elif line.startswith("data:"):
-                out.append((time.monotonic(), kind, json.loads(line.partition(":")[2])))
-    return out
-
-
 def _program(d: DaemonProcess, program: str) -> None:
     r = d.post("/v1/contexts/generate", json={
         "model": "sim-llama3-8b", "program_id": program, "session_id": program,
@@ -64,7 +36,7 @@ def _program(d: DaemonProcess, program: str) -> None:
 
 def test_a_streamed_exec_sends_the_output_while_the_command_runs(daemon: DaemonProcess) -> None:
     _program(daemon, "stream-a")
-    events = _events(daemon, "stream-a", {"command": SLOW})
+    events = streamed_exec(daemon, "stream-a", "shell", {"command": SLOW})
     kinds = [k for _, k, _ in events]
     assert kinds[-1] == "result" and kinds.count("output") >= 3, kinds
     stdout = "".join(d["text"] for _, k, d in events if k == "output" and d["stream"] == "stdout")
@@ -78,7 +50,7 @@ def test_a_streamed_exec_sends_the_output_while_the_command_runs(daemon: DaemonP
 
 def test_a_failing_command_is_a_result_and_bad_input_is_a_400(daemon: DaemonProcess) -> None:
     _program(daemon, "stream-b")
-    events = _events(daemon, "stream-b", {"command": "echo half; exit 3"})
+    events = streamed_exec(daemon, "stream-b", "shell", {"command": "echo half; exit 3"})
     assert events[-1][1] == "result" and events[-1][2]["exit_code"] == 3
     r = daemon.post("/v1/programs/stream-b/tools/shell/exec",
                     json={"command": "true", "stream": "yes"})

@@ -24,14 +24,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     d.stop()
 
 
-@pytest.fixture()
-def local(daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("AGENTD_URL", daemon.url)
-    monkeypatch.setenv("AGENTD_TOKEN", daemon.token)
-    with agentd.local_runtime():
-        yield
-
-
 def _generate(d: DaemonProcess, **body: Any) -> httpx.Response:
     return d.post("/v1/contexts/generate", json={"model": MODEL, **body})
 

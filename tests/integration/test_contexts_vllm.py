@@ -26,14 +26,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     d.stop()
 
 
-@pytest.fixture()
-def local(daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("AGENTD_URL", daemon.url)
-    monkeypatch.setenv("AGENTD_TOKEN", daemon.token)
-    with agentd.local_runtime():
-        yield
-
-
 def test_a_context_answers_and_continues(local: None) -> None:
     ctx = agentd.Context().system("Answer in one word.").user("What is the capital of France?")
     first = ctx.generate(max_tokens=8, temperature=0)

@@ -4,19 +4,17 @@ engine's `df`, and the `agentd_tool_*` metrics."""
 
 from __future__ import annotations
 
-import json
 import re
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import docker
-import httpx
 import openai
 import pytest
 
 from tests.daemon_process import DaemonProcess
+from tests.streams import streamed_exec
 from tests.tool_cleanup import remove_daemon_tools
 from tests.waiting import wait_for
 
@@ -121,37 +119,21 @@ def test_tool_failures_are_structured_and_leave_nothing(
              "the engine to hold nothing of p-bad")
 
 
-def streamed(d: DaemonProcess, program: str, tool: str, command: str
-             ) -> list[tuple[float, str, dict[str, Any]]]:
-    """(arrival time, event, data) of a streamed exec."""
-    out, kind = [], "message"
-    with httpx.stream("POST", f"{d.url}/v1/programs/{program}/tools/{tool}/exec",
-                      json={"command": command, "stream": True}, headers=d.auth_headers(),
-                      timeout=60) as r:
-        assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            if line.startswith("event:"):
-                kind = line.partition(":")[2].strip()
-            elif line.startswith("data:"):
-                out.append((time.monotonic(), kind, json.loads(line.partition(":")[2])))
-    return out
-
-
 def test_a_streamed_exec_in_a_container(docker_daemon: DaemonProcess) -> None:
     """The container's output comes as it is written (read in a thread, handed to the
     event loop); a failing environment ends the stream with the error the plain exec
     answers."""
     d = docker_daemon
     chat(d, "p-stream")
-    events = streamed(d, "p-stream", "box",
-                      "for i in 1 2 3; do echo line$i; sleep 0.3; done; echo oops >&2")
+    events = streamed_exec(d, "p-stream", "box", {
+        "command": "for i in 1 2 3; do echo line$i; sleep 0.3; done; echo oops >&2"})
     text = {name: "".join(e["text"] for _, k, e in events if k == "output" and
                           e["stream"] == name) for name in ("stdout", "stderr")}
     assert text == {"stdout": "line1\nline2\nline3\n", "stderr": "oops\n"}
     first = next(t for t, k, _ in events if k == "output")
     assert events[-1][1] == "result" and events[-1][0] - first > 0.5
     assert events[-1][2]["exit_code"] == 0
-    (_, kind, error), = streamed(d, "p-stream", "ghost", "true")
+    (_, kind, error), = streamed_exec(d, "p-stream", "ghost", {"command": "true"})
     assert kind == "error" and error["status"] == 422
     assert error["error"]["tool_error"]["reason"] == "unknown_image"
 
