@@ -123,22 +123,22 @@ class Residency:
         """The program's request ended, leaving a context of `token_ids` in the KV (or of
         blocks with content `keys`, when the caller has them: the sim engine does)."""
         keys = keys if keys is not None else self.keys(token_ids or [])
-        old = self._programs.pop(program_id, None)
-        if old is not None and old.keys and len(old.keys) <= len(keys) \
-                and keys[len(old.keys) - 1] == old.keys[-1]:
-            kept = len(old.keys)  # it grew: equal last keys mean equal chains before them
+        old = self._programs.get(program_id)
+        # It grew: equal last keys mean equal chains before them, whose index entries stay.
+        grew = old is not None and 0 < len(old.keys) <= len(keys) \
+            and keys[len(old.keys) - 1] == old.keys[-1]
+        if grew:
+            del self._programs[program_id]  # back in below, as the newest
         else:
-            if old is not None:
-                self._programs[program_id] = old
-                self._unindex(program_id)
-            kept = 0
+            self._unindex(program_id)
+        kept = len(old.keys) if old is not None and grew else 0
         program = _Program(keys)
         for pos in range(kept, len(keys)):
             self._holders.setdefault(keys[pos], {})[program_id] = pos
         # The kept part's counts are current (events kept them so): scan on from there.
-        program.cached = self._run(keys, min(kept, old.cached) if kept and old else 0, True)
-        program.reachable = self._run(keys, min(kept, old.reachable) if kept and old else 0,
-                                      False)
+        cached, reachable = (old.cached, old.reachable) if old is not None and grew else (0, 0)
+        program.cached = self._run(keys, min(kept, cached), True)
+        program.reachable = self._run(keys, min(kept, reachable), False)
         program.seen = program.reachable > 0
         self._programs[program_id] = program
         self._changed.add(program_id)
