@@ -194,12 +194,11 @@ class Context:
         end, unfilled). `on_output(stream, text)` sees every piece too. Returns the exec's
         result (exit_code, stdout, stderr, reason, ...); a failed environment raises
         LLMError. stderr is passed to `on_output` but not appended."""
-        body = {**self._program_body("tool"), "command": command, "stream": True}
+        self._program_body("tool")  # refuses a context without a program
+        body: dict[str, Any] = {"command": command, "stream": True}
         if timeout_s is not None:
             body["timeout_s"] = timeout_s
         path = f"/programs/{self._endpoint.program_id}/tools/{tool}/exec"
-        body.pop("program_id", None)
-        body.pop("session_id", None)
         unfilled: list[str] = []
         result: dict[str, Any] | None = None
         for kind, data in self._events(path, body):
