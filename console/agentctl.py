@@ -148,6 +148,9 @@ def cmd_tools(c: AgentdClient, a: argparse.Namespace) -> int:
         return EXIT_OK
     if verb:
         _out(f"{verb} {len(rows)} resource(s)")
+    for host, message in sorted((answer.get("hosts_down") or {}).items()):
+        _out(f"skipped Docker engine {host} (does not answer; retried at the next sweep): "
+             f"{message}")
     for r in rows:
         _out(f"{r.get('backend', '-'):8} {r.get('resource', '-'):10} {r.get('program_id', '-'):24} "
              f"{r.get('tool', '-'):12} {r.get('state', '-'):10} {r.get('disk_bytes') or 0:>10}B")

@@ -31,7 +31,12 @@ def sim_daemon(daemon_factory: Callable[..., DaemonProcess]) -> DaemonProcess:
     return daemon_factory(workers=1).start()
 
 
-from tests.docker_fixtures import busybox_image, docker_client, docker_host  # noqa: E402, F401
+from tests.docker_fixtures import (  # noqa: E402, F401
+    busybox_image,
+    docker_client,
+    docker_host,
+    second_docker_engine,
+)
 from tests.store_fixtures import store_with_writer  # noqa: E402, F401
 
 

@@ -111,3 +111,49 @@ def docker_client(docker_host: str) -> Iterator[docker.DockerClient]:
     client = docker.DockerClient(base_url=docker_host)
     yield client
     client.close()
+
+
+class SecondEngine:
+    """A second Docker engine of its own (socket, data root, exec root, pidfile under `dir`),
+    as a remote tool host stands in for; it can be stopped and started again mid-test, its
+    images and containers kept across."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.dir = run_dir
+        self.host = f"unix://{run_dir}/docker.sock"
+
+    def start(self) -> None:
+        exports = _start(self.dir)
+        assert exports["DOCKER_HOST"] == self.host, exports
+
+    def stop(self) -> None:
+        _stop(f"{self.dir}/dockerd.pid")
+
+    def client(self) -> docker.DockerClient:
+        return docker.DockerClient(base_url=self.host, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def second_docker_engine(busybox_image: str) -> Iterator[SecondEngine]:
+    """Another engine beside `docker_host`, always started here (as root) with the busybox
+    image; stopped and removed at the end of the session."""
+    if os.geteuid() != 0:
+        _unavailable("a second Docker engine needs root to start")
+    # CI starts it up front (AGENTD_SECOND_DOCKERD_DIR, scripts/start-dockerd.sh's DIR) and
+    # stops it itself; otherwise it is this session's.
+    given = os.environ.get("AGENTD_SECOND_DOCKERD_DIR")
+    engine = SecondEngine(given or tempfile.mkdtemp(prefix="agentd-dockerd-b-", dir="/tmp"))
+    try:
+        engine.start()
+        proc = subprocess.run(
+            [str(REPO / "scripts" / "make-busybox-image.sh"), busybox_image],
+            capture_output=True, text=True, timeout=120, check=False,
+            env=os.environ | {"DOCKER_HOST": engine.host})
+        if proc.returncode != 0:
+            _unavailable(f"could not build {busybox_image} on the second engine: "
+                         f"{proc.stderr.strip()[-500:]}")
+        yield engine
+    finally:
+        if not given:
+            engine.stop()
+            shutil.rmtree(engine.dir, ignore_errors=True)

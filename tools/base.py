@@ -17,6 +17,10 @@ from tools.spec import ToolSpec
 LABEL_DAEMON = "agentd.daemon_id"
 LABEL_PROGRAM = "agentd.program_id"
 LABEL_TOOL = "agentd.tool"
+# Where a container runs (the engine's URL) and the pool it was placed from, so an operator
+# reading labels, and a daemon after a crash, sees where each environment went.
+LABEL_HOST = "agentd.tool_host"
+LABEL_POOL = "agentd.tool_pool"
 
 ResourceKind = Literal["container", "volume", "dir"]
 
@@ -46,6 +50,7 @@ class Environment:
     owner: Owner
     spec: ToolSpec
     workdir: str
+    host: str = ""  # the Docker engine holding it (its URL); "" for process tools
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ class Resource:
     state: str
     created_at: float  # unix seconds
     disk_bytes: int | None = None
+    host: str = ""  # the Docker engine it was found on; "" for process tools
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -73,6 +79,7 @@ class Resource:
             "state": self.state,
             "created_at": self.created_at,
             "disk_bytes": self.disk_bytes,
+            "host": self.host,
         }
 
 
@@ -175,3 +182,7 @@ class Backend(Protocol):
 
     async def reclaim(self, resource: Resource) -> None:
         """Remove one resource; stopping whatever runs in it. Gone already is success."""
+
+    def hosts_down(self) -> dict[str, str]:
+        """Engines of this backend the last listing could not reach, with why (the others
+        were listed and reclaimed regardless); empty when all answered."""

@@ -8,6 +8,7 @@ the middle of a program is worse than a clear `unknown_image`.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import secrets
 from collections.abc import Sequence
@@ -20,6 +21,8 @@ from docker.types import Mount, Ulimit
 from tools import docker_exec
 from tools.base import (
     LABEL_DAEMON,
+    LABEL_HOST,
+    LABEL_POOL,
     LABEL_PROGRAM,
     Environment,
     ExecResult,
@@ -29,7 +32,7 @@ from tools.base import (
 )
 from tools.docker_errors import call
 from tools.errors import Reason, ToolError
-from tools.spec import ToolSpec
+from tools.spec import DEFAULT_POOL, ToolSpec
 
 # PID 1 in a container ignores SIGTERM unless it installs a handler; this one does, so a
 # plain `docker stop` by an operator takes milliseconds, not the 10 s kill timeout.
@@ -38,6 +41,7 @@ DEFAULT_WORKDIR = "/work"
 MIB = 1 << 20
 DF_RETRIES = 50
 DF_RETRY_S = 0.2
+DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 
 
 def _slug(text: str, limit: int = 20) -> str:
@@ -63,8 +67,8 @@ def _limits(spec: ToolSpec) -> dict[str, Any]:
     return limits
 
 
-def _create(client: Any, owner: Owner, spec: ToolSpec, name: str) -> str:
-    labels = owner.labels()
+def _create(client: Any, owner: Owner, spec: ToolSpec, name: str, host: str) -> str:
+    labels = owner.labels() | {LABEL_HOST: host, LABEL_POOL: spec.pool or DEFAULT_POOL}
     mounts = []
     for index, m in enumerate(spec.mounts):
         if m.type == "volume":
@@ -101,7 +105,7 @@ def _created_at(value: Any) -> float:
         return 0.0
 
 
-def _container(entry: dict[str, Any], sized: bool) -> Resource:
+def _container(entry: dict[str, Any], sized: bool, host: str) -> Resource:
     names = entry.get("Names") or [entry["Id"]]
     return Resource(
         "docker",
@@ -113,10 +117,11 @@ def _container(entry: dict[str, Any], sized: bool) -> Resource:
         _created_at(entry.get("Created")),
         # The engine omits SizeRw when the writable layer is empty.
         int(entry.get("SizeRw") or 0) if sized else None,
+        host,
     )
 
 
-def _volume(entry: dict[str, Any]) -> Resource:
+def _volume(entry: dict[str, Any], host: str) -> Resource:
     usage = entry.get("UsageData") or {}
     size = usage.get("Size")
     return Resource(
@@ -128,6 +133,7 @@ def _volume(entry: dict[str, Any]) -> Resource:
         "in use" if usage.get("RefCount") else "",
         _created_at(entry.get("CreatedAt")),
         size if size is not None and size >= 0 else None,
+        host,
     )
 
 
@@ -157,6 +163,8 @@ class DockerBackend:
     def __init__(self, base_url: str | None = None) -> None:
         """`base_url` like unix:///run/docker.sock; by default DOCKER_HOST or the system socket."""
         self._base_url = base_url
+        # What labels and listings name this engine by: its URL.
+        self.host = base_url or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
         self._client: Any = None
         self._oom_seen: dict[str, int] = {}
 
@@ -187,12 +195,13 @@ class DockerBackend:
             ]
         )
         try:
-            container_id = await call(_create, client, owner, spec, name)
+            container_id = await call(_create, client, owner, spec, name, self.host)
         except ToolError as exc:
             if exc.reason is Reason.ENGINE_ERROR:
                 raise ToolError(Reason.START_FAILED, exc.message) from exc
             raise
-        return Environment("docker", container_id, owner, spec, spec.workdir or DEFAULT_WORKDIR)
+        return Environment("docker", container_id, owner, spec, spec.workdir or DEFAULT_WORKDIR,
+                           self.host)
 
     async def exec(self, env: Environment, argv: Sequence[str], timeout_s: float,
                    on_output: OutputListener | None = None) -> ExecResult:
@@ -220,8 +229,8 @@ class DockerBackend:
             filters = {"label": [f"{k}={v}" for k, v in wanted.items()]}
             containers = await call(api.containers, all=True, filters=filters)
             volumes = (await call(api.volumes, filters=filters)).get("Volumes") or []
-        return [_container(c, sizes) for c in containers if _owned(c, wanted)] + [
-            _volume(v) for v in volumes if _owned(v, wanted)
+        return [_container(c, sizes, self.host) for c in containers if _owned(c, wanted)] + [
+            _volume(v, self.host) for v in volumes if _owned(v, wanted)
         ]
 
     async def reclaim(self, resource: Resource) -> None:
@@ -235,3 +244,15 @@ class DockerBackend:
         except ToolError as exc:
             if exc.reason is not Reason.DEAD:
                 raise
+
+    async def live_containers(self, pool: str, owner: Owner) -> tuple[int, bool]:
+        """This engine's load for placement: its containers of `pool` that are not exited
+        (any daemon's: they all take its CPU), and whether `owner`'s program holds one."""
+        api = (await self.client()).api
+        found = await call(api.containers, all=True, filters={
+            "label": [f"{LABEL_POOL}={pool}"], "status": ["created", "running"]})
+        mine = {LABEL_DAEMON: owner.daemon_id, LABEL_PROGRAM: owner.program_id}
+        return len(found), any(_owned(c, mine) for c in found)
+
+    def hosts_down(self) -> dict[str, str]:
+        return {}  # one engine: being down is the whole backend's error, raised

@@ -388,7 +388,16 @@ class ToolManager:
                 rows.append({"backend": kind, "resource": "error", "error": exc.to_dict()})
                 continue
             rows += [r.to_dict() | {"age_s": max(now - r.created_at, 0.0)} for r in found]
+            rows += [{"backend": kind, "resource": "error", "host": host,
+                      "error": ToolError(Reason.ENGINE_DOWN, message).to_dict()}
+                     for host, message in sorted(backend.hosts_down().items())]
         return rows
+
+    def hosts_down(self) -> dict[str, str]:
+        """Engines that did not answer the last listing, by URL: reported, retried by the
+        next listing or sweep."""
+        return {host: message for backend in self._backends.values()
+                for host, message in backend.hosts_down().items()}
 
     async def usage(self) -> dict[str, Any]:
         """What the engines hold now, by state, and its disk bytes (a `df`: not per event)."""
@@ -402,7 +411,11 @@ class ToolManager:
             ],
             "disk_bytes": sum(r["disk_bytes"] or 0 for r in held),
             "programs_holding": len({r["program_id"] for r in held}),
-            "backends_down": sorted(r["backend"] for r in rows if r["resource"] == "error"),
+            # A backend is down when none of its engines answers; hosts_down names each one.
+            "backends_down": sorted(r["backend"] for r in rows
+                                    if r["resource"] == "error" and not r.get("host")),
+            "hosts_down": sorted(r["host"] for r in rows if r.get("host")
+                                 and r["resource"] == "error"),
         }
 
     async def metrics(self) -> dict[str, Any]:

@@ -226,6 +226,9 @@ class ProcessBackend:
             _kill_group(pgid)
         await asyncio.to_thread(shutil.rmtree, resource.id, True)
 
+    def hosts_down(self) -> dict[str, str]:
+        return {}  # one local directory: it is never unreachable
+
 
 def _make_dir(path: Path, labels: str) -> None:
     (path / "work").mkdir(parents=True, mode=0o700)

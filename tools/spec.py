@@ -20,6 +20,7 @@ NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
 Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN)]
 Positive = Annotated[int, msgspec.Meta(gt=0)]
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
+DEFAULT_POOL = "default"  # the pool of a docker tool that names none
 
 
 class Mount(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -58,6 +59,9 @@ class ToolSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     setup: tuple[str, ...] = ()
     exec_timeout_s: Seconds = 60.0
     setup_timeout_s: Seconds = 600.0
+    # The `[tool_pools.NAME]` of Docker engines its containers go to; None = "default"
+    # (the configured default pool, else the engine of DOCKER_HOST).
+    pool: Name | None = None
 
     def __post_init__(self) -> None:
         if self.backend == "docker":
@@ -76,13 +80,46 @@ def _check_docker(spec: ToolSpec) -> None:
 def _check_process(spec: ToolSpec) -> None:
     # Fields the process backend cannot honour are refused rather than silently ignored,
     # so nobody believes a process tool has a filesystem or CPU-share sandbox.
-    for field, value in (("image", spec.image), ("workdir", spec.workdir), ("cpus", spec.cpus)):
+    for field, value in (("image", spec.image), ("workdir", spec.workdir), ("cpus", spec.cpus),
+                         ("pool", spec.pool)):
         if value is not None:
             raise ValueError(f"{field} is not supported by the process backend")
     if spec.mounts:
         raise ValueError("mounts is not supported by the process backend")
     if spec.network == "bridge":
         raise ValueError("network 'bridge' is not supported by the process backend")
+
+
+HOST_SCHEMES = ("unix://", "tcp://", "ssh://")
+
+
+class ToolPool(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A `[tool_pools.NAME]` table: the Docker engines a pool's containers may go to."""
+
+    hosts: Annotated[tuple[str, ...], msgspec.Meta(min_length=1)]
+
+    def __post_init__(self) -> None:
+        for index, url in enumerate(self.hosts):
+            if not url.startswith(HOST_SCHEMES):
+                raise ValueError(f"hosts[{index}] must be a Docker engine URL starting with "
+                                 f"{' or '.join(HOST_SCHEMES)}, got {url!r}")
+        if len(set(self.hosts)) != len(self.hosts):
+            raise ValueError("hosts names an engine twice")
+
+
+def parse_pools(raw: Any) -> dict[str, tuple[str, ...]]:
+    """Config's `tool_pools`: host URLs by pool name; the error names `NAME.FIELD`."""
+    if not isinstance(raw, Mapping):
+        raise SpecError("must be [tool_pools.NAME] tables, each with `hosts = [URL, ...]`")
+    pools = {}
+    for name, table in raw.items():
+        if not re.match(NAME_PATTERN, str(name)):
+            raise SpecError(f"{name}: a pool name must match {NAME_PATTERN}", field=str(name))
+        try:
+            pools[name] = msgspec.convert(table, ToolPool).hosts
+        except msgspec.ValidationError as exc:
+            raise SpecError(f"{name}: {exc}", field=f"{name}.hosts") from exc
+    return pools
 
 
 _PATH = re.compile(r"at `\$\.([^`]+)`|unknown field `([^`]+)`")

@@ -33,7 +33,7 @@ from daemon.toolsvc import metrics as tool_metrics
 from scheduling.kv.plan import restore_order
 from scheduling.kv.view import WAITING, ProgramView
 from tools import (
-    DockerBackend,
+    DockerHosts,
     ProcessBackend,
     SpecError,
     ToolError,
@@ -43,6 +43,7 @@ from tools import (
     parse_spec,
     parse_table,
 )
+from tools.spec import parse_pools
 
 log = logging.getLogger("agentd.tools")
 
@@ -92,7 +93,8 @@ class ToolService:
         self.core = core
         self.manager = ToolManager(
             daemon_id(cfg.data_path),
-            {"docker": DockerBackend(), "process": ProcessBackend(cfg.data_path / "tools")},
+            {"docker": DockerHosts(parse_pools(cfg.tool_pools)),
+             "process": ProcessBackend(cfg.data_path / "tools")},
             catalog=catalog(cfg),
             on_event=self._on_event,
         )
