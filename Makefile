@@ -9,7 +9,7 @@ MODEL_DIR ?= $(HOME)/.cache/agentd/models/SmolLM2-135M-Instruct
 PYTEST_ARGS ?=
 
 .PHONY: install install-vllm model run test test-fast lint bench bench-gateway bench-kv bench-slo bench-engine bench-agentic-real bench-contexts \
-	bench-tools bench-runtime bench-policies bench-lineage soak calibrate clean
+	bench-tools bench-runtime bench-policies bench-lineage bench-scale soak calibrate clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -92,6 +92,11 @@ bench-agentic-real: model
 # (bench/contexts.py); ARGS="--quick" for a smoke run.
 bench-contexts: install
 	$(PY) -m bench.contexts $(ARGS)
+
+# One daemon driving 8, 16, 32 and 64 sim worker processes over TCP, then its capacity with
+# zero-cost workers and a py-spy profile (bench/scale.py); ARGS="--quick" for a smoke run.
+bench-scale: install
+	$(PY) -m bench.scale $(ARGS)
 
 calibrate: model
 	$(VENV)/bin/agentd calibrate --engine vllm --model $(MODEL_DIR) --name smollm2-135m-cpu \

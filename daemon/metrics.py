@@ -32,6 +32,13 @@ REQUEST_LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
     120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
 )
+# A request's wait in agentd's queue is sub-millisecond when a worker has room (the control
+# plane's own scheduling latency, bench/scale.py reads its p50/p99) and seconds to minutes
+# when the KV policy holds it: fine buckets at the bottom, the request buckets above.
+QUEUE_TIME_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+    *REQUEST_LATENCY_BUCKETS[1:],
+)
 
 Families = Callable[[], Iterable[Metric]]
 

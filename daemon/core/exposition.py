@@ -16,6 +16,7 @@ from prometheus_client.metrics_core import Metric
 
 from daemon.metrics import (
     INTER_TOKEN_BUCKETS,
+    QUEUE_TIME_BUCKETS,
     REQUEST_LATENCY_BUCKETS,
     TTFT_BUCKETS,
     DaemonMetrics,
@@ -72,7 +73,7 @@ class RequestMetrics:
             WORKER_LABELS, buckets=REQUEST_LATENCY_BUCKETS, registry=r)
         self.queue = Histogram(
             "agentd_queue_time_seconds", "Time in agentd's global queue before dispatch",
-            WORKER_LABELS, buckets=REQUEST_LATENCY_BUCKETS, registry=r)
+            WORKER_LABELS, buckets=QUEUE_TIME_BUCKETS, registry=r)
         self.prompt_tokens = Counter(
             "vllm:prompt_tokens", "Prompt tokens of finished requests", WORKER_LABELS,
             registry=r)
