@@ -271,7 +271,11 @@ class Context:
              session_id: str | None = None) -> Context:
         """A context holding the tokens of the tenant's snapshot `name`."""
         probe = cls(program_id=program_id, session_id=session_id)
-        body = probe._request("GET", f"/contexts/snapshots/{name}", None)
+        # Opened in a program: the daemon fills the snapshot on the program's worker when it
+        # went cold there, while the program goes on (its next generate waits for it).
+        query = {k: v for k, v in (("program_id", probe._endpoint.program_id),
+                                    ("session_id", probe._endpoint.session_id)) if v}
+        body = probe._request("GET", f"/contexts/snapshots/{name}", None, query)
         ctx = cls(str(body["model"]), program_id=program_id, session_id=session_id,
                   token_ids=body["token_ids"])
         ctx._snapshot = name  # every generate names it: the KV layer holds its ids once
@@ -371,11 +375,12 @@ class Context:
         if keep_output:
             self._ids.extend(answer["token_ids"])
 
-    def _request(self, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+    def _request(self, method: str, path: str, body: dict[str, Any] | None,
+                 params: dict[str, str] | None = None) -> dict[str, Any]:
         url = f"{self._endpoint.base}{path}"
         try:
-            r = _client().request(method, url, json=body, headers=self._endpoint.headers,
-                                  timeout=LLM_TIMEOUT_S)
+            r = _client().request(method, url, json=body, params=params,
+                                  headers=self._endpoint.headers, timeout=LLM_TIMEOUT_S)
         except httpx.HTTPError as exc:
             raise LLMError(f"agentd.Context: cannot reach {url}: {exc}") from exc
         if r.status_code == 404 and path.startswith("/contexts/snapshots/"):

@@ -37,13 +37,7 @@ from tests.docker_fixtures import (  # noqa: E402, F401
     docker_host,
     second_docker_engine,
 )
-from tests.store_fixtures import (  # noqa: E402, F401
-    daemon_db,
-    postgres_server,
-    postgres_url,
-    store_url,
-    store_with_writer,
-)
+from tests.store_fixtures import store_with_writer  # noqa: E402, F401
 
 
 @pytest.fixture()

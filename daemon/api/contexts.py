@@ -24,8 +24,8 @@ from typing import Annotated, Any
 import msgspec
 from litestar import Controller, Request, Response, delete, get, post, put
 
-from daemon.access.auth import READ, SUBMIT
-from daemon.api import context_pins
+from daemon.access.auth import READ, SUBMIT, grants, principal_of
+from daemon.api import context_pins, context_warm
 from daemon.api import context_snapshots as snapshots
 from daemon.api.gateway import (
     DEFAULT_MAX_TOKENS,
@@ -137,6 +137,7 @@ class ContextsController(Controller):
         ids = _Common(model=body.model, program_id=body.program_id, session_id=body.session_id)
         shared = _shared_prefix(request, tenant, body)
         program = await _program(core, request, ids, tenant)
+        await context_warm.settled(request, program.id)
         # Set before the submit, so the view that routes this request sees the group.
         program.prefix_group, program.prefix_tokens = shared
         req = core.submit(program, "context", body.model, sampling,
@@ -199,19 +200,40 @@ class ContextsController(Controller):
             core, request, _Common(model="", program_id=body.program_id,
                                    session_id=body.session_id), tenant)
         snapshot = snapshots.of(request).put(tenant, name, body.model, list(body.token_ids))
+        if program is not None:
+            # Its context leads with the snapshot's ids from now on, as an opener's does.
+            program.prefix_group, program.prefix_tokens = _group(tenant, name), len(body.token_ids)
         core.writer.trace("context.snapshot", name=name, tokens=len(snapshot.token_ids),
                           session_id=program.session_id if program else None,
                           program_id=program.id if program else None)
         return snapshot.summary()
 
     @get("/snapshots/{name:str}", opt={"scope": (READ, SUBMIT)},
-         summary="A snapshot's token ids")
+         summary="A snapshot's token ids; with program_id, opened by that program")
     async def get_snapshot(self, request: Request[Any, Any, Any], core: Core,
                            name: str) -> dict[str, Any]:
+        """With `program_id` (Context.open in a program), the program opens it: traced,
+        and filled on the program's worker when the engine's KV events say it went cold
+        there (daemon/api/context_warm.py); `warm` says what was found."""
         _check_name(name)
-        tenant = await request_tenant(request, core, request.query_params.get("tenant"))
+        query = request.query_params
+        tenant = await request_tenant(request, core, query.get("tenant"))
         snapshot = snapshots.of(request).get(tenant, name)
-        return snapshot.body()
+        program_id = query.get("program_id")
+        if program_id is None:
+            return snapshot.body()
+        principal = principal_of(request)
+        if principal is None or not grants(principal.scopes, (SUBMIT,)):
+            raise ApiError(403, "program_id: opening a snapshot in a program needs the "
+                           "submit scope", "forbidden", param="program_id")
+        program = await _program(core, request, _Common(
+            model="", program_id=program_id, session_id=query.get("session_id")), tenant)
+        warmth = context_warm.open_for(request, core, program, name, _group(tenant, name),
+                                       snapshot.model, snapshot.token_ids)
+        core.writer.trace("context.open", session_id=program.session_id,
+                          program_id=program.id, name=name, tokens=len(snapshot.token_ids),
+                          **warmth.body())
+        return {**snapshot.body(), "warm": warmth.body()}
 
     @delete("/snapshots/{name:str}", status_code=204, opt={"scope": SUBMIT},
             summary="Forget a snapshot")
@@ -249,7 +271,12 @@ def _shared_prefix(request: Request[Any, Any, Any], tenant: str,
         return None, 0
     if tuple(body.token_ids[:len(ids)]) != ids:
         return None, 0
-    return f"snapshot:{tenant}/{body.snapshot}", len(ids)
+    return _group(tenant, body.snapshot), len(ids)
+
+
+def _group(tenant: str, name: str) -> str:
+    """The KV layer's prefix group of the programs that opened a snapshot."""
+    return f"snapshot:{tenant}/{name}"
 
 
 def _check_name(name: str) -> None:

@@ -17,6 +17,7 @@ from tests.waiting import wait_for
 
 MODEL = "sim-llama3-8b"
 CONTEXT = "a long context words " * 150  # 600 tokens on the sim tokenizer
+GUIDE = "the guide of tools " * 150
 LOAD_PROGRAMS = 8  # of 600 tokens each: with the two under test, 6000 tokens want 2048
 
 
@@ -93,3 +94,54 @@ def test_a_pinned_context_stays_resident_and_an_idle_one_is_paused_then_restored
         < kinds.index("context.idle.end")
     assert "kv.restore" in kinds[kinds.index("kv.pause"):]
     assert pinned.user("still here").generate(max_tokens=2).finish_reason == "length"
+
+
+def _cached(d: DaemonProcess, program: str) -> int | None:
+    residency = d.get(f"/v1/programs/{program}").json().get("kv_residency") or {}
+    return residency.get("cached_tokens") if residency.get("source") == "events" else None
+
+
+def test_a_snapshot_gone_cold_is_filled_again_where_its_opener_runs(
+        small_kv: DaemonProcess) -> None:
+    d = small_kv
+    # Not CONTEXT: the load's contexts would share its blocks and keep them cached.
+    author = agentd.Context(MODEL, program_id="p-author", session_id="s-author").user(GUIDE)
+    author.generate(max_tokens=2)
+    author.snapshot("guide")
+    tokens = len(author.token_ids)
+    # The opener runs on the worker (pinned: it keeps its home under the load below).
+    opener = agentd.Context(MODEL, program_id="p-opener", session_id="s-opener").user("hi")
+    opener.generate(max_tokens=2)
+    opener.pin()
+
+    # Warm: the author's report says its context (the snapshot) is cached: no fill.
+    wait_for(lambda: (_cached(d, "p-author") or 0) >= tokens - 16, 30,
+             "the worker reporting the snapshot's blocks cached (KV events)")
+    warm = d.get("/v1/contexts/snapshots/guide",
+                 params={"program_id": "p-opener", "session_id": "s-opener"}).json()["warm"]
+    assert warm["filling"] is False and warm["cached_tokens"] >= tokens - 16
+
+    # Other programs' contexts evict it; the engine's events say so.
+    stop = [False]
+    with ThreadPoolExecutor(LOAD_PROGRAMS) as pool:
+        try:
+            loads = [pool.submit(_load, d, n, stop) for n in range(LOAD_PROGRAMS)]
+            wait_for(lambda: _cached(d, "p-author") == 0, 60,
+                     lambda: f"the snapshot's blocks evicted under the load: "
+                     f"{d.get('/v1/programs/p-author').json()}")
+        finally:
+            stop[0] = True
+        assert all(f.result(timeout=120) > 0 for f in loads)
+
+    # Opened cold: the daemon fills it on the opener's worker; the generate starts warm.
+    ctx = agentd.Context.open("guide", program_id="p-opener", session_id="s-opener")
+    opened = [e for e in _trace(d, "s-opener") if e["kind"] == "context.open"]
+    assert opened[-1]["data"]["filling"] is True, opened[-1]
+    assert opened[-1]["data"]["cached_tokens"] < tokens - 16
+    out = ctx.user("what does the guide say").generate(max_tokens=2)
+    filled = [e for e in _trace(d, "s-opener") if e["kind"] == "context.warm"]
+    assert len(filled) == 1 and filled[0]["data"]["tokens"] == tokens
+    assert "error" not in filled[0]["data"]
+    assert filled[0]["worker_id"] == opened[-1]["worker_id"] == "local-sim-0"
+    assert out.cached_tokens >= tokens // 16 * 16 - 16, (out.cached_tokens, tokens)
+    assert out.shared_prefix_tokens == tokens
