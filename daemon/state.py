@@ -10,7 +10,7 @@ import asyncio
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from daemon.workers.protocol import (
     ChatMessage,
@@ -112,6 +112,14 @@ class ProgramState:
     # from a snapshot, daemon/api/contexts.py): the KV view's prefix group, held once.
     prefix_group: str | None = None
     prefix_tokens: int = 0
+    # Bumped by every assignment to a field: the KV view's cache (daemon/kv/loop.py)
+    # compares this one number, not each field a view is built from, for every live
+    # program on every routed request.
+    revision: ClassVar[int] = 0
+
+    def __setattr__(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+        object.__setattr__(self, "revision", self.revision + 1)
 
     @property
     def tool_time_mean_s(self) -> float | None:

@@ -200,18 +200,28 @@ class KvControl:
         )
 
 
-class ProgramViews:
-    """Each program's `ProgramView`, rebuilt only when a field it is built from changed.
+# A program's context with its ready or running request, its tool clock's key, and (paused)
+# its residency on its worker.
+_Outside = tuple[int, tuple[object, ...] | None, tuple[bool | None, int | None]]
 
-    The view is rebuilt for every routed request; with hundreds of live programs,
-    building each frozen `ProgramView` anew was most of that cost, and between two
-    routings almost none of them changes. The key holds every mutable field the view
-    reads, so a cached view always equals a fresh one.
+
+class ProgramViews:
+    """Each program's `ProgramView`, rebuilt only when something it is built from changed.
+
+    The view is rebuilt for every routed request and every ended one; with thousands of
+    live programs (a chat request without a program_id holds its program for
+    `lineage_idle_s`) that loop is most of the daemon's CPU per request, and between two
+    routings almost none of them changes. A program's own fields are covered by its
+    `revision` (bumped by every assignment), so an idle program costs a lookup and two
+    comparisons; what lives outside it (its ready or running request's tokens, a tool
+    clock, a paused program's residency on its worker) is compared as well, for the few
+    programs that have one. A cached view always equals a fresh one.
     """
 
     def __init__(self, tools: ToolClocks | None = None,
                  residency: KvResidency | None = None) -> None:
-        self._cache: dict[str, tuple[tuple[object, ...], ProgramView]] = {}
+        # program id -> (the program, its revision, what of its view lives outside it, the view)
+        self._cache: dict[str, tuple[ProgramState, int, _Outside | None, ProgramView]] = {}
         self._tools = tools or ToolClocks()
         self._residency = residency or KvResidency()
 
@@ -222,25 +232,42 @@ class ProgramViews:
         program's ready or running request, whose tokens its KV must hold."""
         out = []
         cache = self._cache
+        clock_of = self._tools.get
+        paused = ProgramStatus.PAUSED
         for p in programs:
+            clock = clock_of(p.id)
+            hit = cache.get(p.id)
+            # Unchanged since its view was built (so not held, not ended either), and with
+            # nothing outside it: the common case, kept to the fewest operations.
+            if (hit is not None and hit[0] is p and hit[1] == p.revision and hit[2] is None
+                    and clock is None):
+                out.append(hit[3])
+                continue
             if p.held or p.status not in _TO_KV:
                 continue
-            clock = self._tools.get(p.id)
-            worker = workers.get(p.worker_id) if workers and p.worker_id else None
-            resident: tuple[bool | None, int | None] = (
-                self._residency.of(p.id, worker)
-                if worker is not None and p.status == ProgramStatus.PAUSED else (None, None))
-            context = _context(p, requests)
-            key = (p.status, context, p.worker_id, p.acting_since, p.ready_since,
-                   p.ready_request is not None, p.pinned, p.pause_marked, p.tool_time_sum,
-                   p.tool_time_count, p.migrate_to, p.created_at, p.prefix_group,
-                   p.prefix_tokens,
-                   clock.key() if clock else None, resident)
-            hit = cache.get(p.id)
-            if hit is None or hit[0] != key:
-                hit = cache[p.id] = (key, _program_view(p, clock, *resident, context=context))
-            out.append(hit[1])
+            outside: _Outside | None = None
+            if clock is not None or p.status is paused or p.ready_request or p.active_request:
+                outside = self._outside(p, clock, workers, requests)
+            if hit is None or hit[0] is not p or hit[1] != p.revision or hit[2] != outside:
+                if outside is None:
+                    view = _program_view(p)
+                else:
+                    context, _, resident = outside
+                    view = _program_view(p, clock, *resident, context=context)
+                hit = cache[p.id] = (p, p.revision, outside, view)
+            out.append(hit[3])
         return tuple(out)
+
+    def _outside(self, p: ProgramState, clock: ToolClock | None,
+                 workers: Mapping[str, WorkerState] | None,
+                 requests: Mapping[str, RequestState] | None) -> _Outside:
+        """What of a program's view lives outside the program: its context as its ready or
+        running request holds it, its tool clock, and (paused) its residency."""
+        worker = workers.get(p.worker_id) if workers and p.worker_id else None
+        resident: tuple[bool | None, int | None] = (
+            self._residency.of(p.id, worker)
+            if worker is not None and p.status == ProgramStatus.PAUSED else (None, None))
+        return _context(p, requests), clock.key() if clock else None, resident
 
     def forget_gone(self, programs: Mapping[str, ProgramState]) -> None:
         for pid in [pid for pid in self._cache if pid not in programs]:

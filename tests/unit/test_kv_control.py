@@ -244,3 +244,38 @@ def test_programs_opened_from_one_snapshot_hold_its_prefix_once() -> None:
     view = KvView((WorkerView("w0", 4000),), views)
     assert Ledger(view, lambda _: 1.0, share_prefix=True).demand("w0") == 300 + 200 + 200 + 500
     assert Ledger(view, lambda _: 1.0).demand("w0") == 1500  # a policy that shares nothing
+
+
+def test_every_field_assignment_bumps_the_programs_revision() -> None:
+    p = ProgramState("p", "s", S.ACTING, 0.0, 0.0)
+    before = p.revision
+    p.context_tokens = 5
+    p.context_tokens = 5  # the same value again still counts: the cache never guesses
+    assert p.revision == before + 2
+
+
+def test_a_program_replaced_under_its_id_gets_its_own_view() -> None:
+    """Two objects with one id and as many assignments each (recovery builds a new one):
+    the revision alone would match, so the cache also checks it is the same program."""
+    views = ProgramViews()
+    old = ProgramState("p", "s", S.ACTING, 0.0, 0.0, context_tokens=10)
+    new = ProgramState("p", "s", S.ACTING, 0.0, 0.0, context_tokens=99)
+    assert old.revision == new.revision
+    assert views.build([old])[0].context_tokens == 10
+    assert views.build([new])[0].context_tokens == 99
+
+
+def test_a_running_requests_tokens_reach_a_cached_view() -> None:
+    """The program does not change while its request generates; the view must still."""
+    from daemon.state import RequestState
+    from daemon.workers.protocol import SamplingParams
+
+    req = RequestState(id="r1", program_id="p", session_id="s", kind="completion", model="m",
+                       sampling=SamplingParams(max_tokens=10), queued_at=0.0,
+                       prompt_token_ids=list(range(100)))
+    p = ProgramState(id="p", session_id="s", status=S.REASONING, created_at=0.0,
+                     status_since=0.0, active_request="r1")
+    views = ProgramViews()
+    assert views.build([p], requests={"r1": req})[0].context_tokens == 100
+    req.output_tokens = 7
+    assert views.build([p], requests={"r1": req})[0].context_tokens == 107
