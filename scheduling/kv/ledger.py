@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from scheduling.kv.view import RESIDENT, KvView, ProgramStatus, ProgramView
+from scheduling.kv.view import KvView, ProgramStatus, ProgramView
 
 Weight = Callable[[ProgramView], float]
 _GroupKey = tuple[str, str]
@@ -42,13 +42,24 @@ class Ledger:
         self._prefix: dict[_GroupKey, int] = {}
         self._booked: dict[str, tuple[str, float, _GroupKey | None]] = {}
         self._leaving = dict.fromkeys(self._capacity, 0.0)
+        # Every live program, every plan: `book` inlined for a program outside any prefix
+        # group (the same sums in the same order), and the status compared by identity
+        # (an Enum's hash is a Python call).
+        reasoning, acting = ProgramStatus.REASONING, ProgramStatus.ACTING
+        members, booked, capacity = self._members, self._booked, self._capacity
         for p in view.programs:
-            if p.status not in RESIDENT or p.worker_id not in self._capacity:
+            status, worker_id = p.status, p.worker_id
+            if (status is not reasoning and status is not acting) or worker_id not in capacity:
                 continue
-            if not p.pause_marked:
-                self.book(p.worker_id, p, weight(p))
-            elif p.status is ProgramStatus.REASONING:
-                self._leaving[p.worker_id] += p.context_tokens
+            if p.pause_marked:
+                if status is reasoning:
+                    self._leaving[worker_id] += p.context_tokens
+            elif share_prefix and p.prefix_group is not None and p.prefix_tokens > 0:
+                self.book(worker_id, p, weight(p))
+            else:
+                amount = weight(p) * p.context_tokens
+                members[worker_id] += amount
+                booked[p.program_id] = (worker_id, amount, None)
 
     def worker_ids(self) -> list[str]:
         return sorted(self._capacity)
