@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 
 
 class ProgramStatus(Enum):
@@ -90,7 +91,7 @@ class ProgramView:
     def waited_from(self) -> float:
         return self.created_at if self.ready_since is None else self.ready_since
 
-    @property
+    @cached_property  # read for every live program by every plan; a view never changes
     def waiting(self) -> bool:
         """Has a request that needs admission before it can run."""
         return self.status is ProgramStatus.QUEUED or (
