@@ -117,10 +117,18 @@ def workers_table(workers: list[dict[str, Any]]) -> str:
             f"{used}/{cap}", percent(used, cap), st.get("running", "-"), st.get("waiting", "-"),
             w["inflight"], percent(st.get("prefix_cache_hits", 0),
                                    st.get("prefix_cache_queries", 0)),
-            st.get("preemptions", "-"), f"{w['host']}:{w['pid']}", seconds(w["last_seen_s_ago"]),
+            st.get("preemptions", "-"), node_label(w), f"{w['host']}:{w['pid']}",
+            seconds(w["last_seen_s_ago"]),
         ])
     return table(["ID", "ENGINE", "MODEL", "STATUS", "KV TOKENS", "KV%", "RUNNING", "WAITING",
-                  "INFLIGHT", "CACHE HIT", "PREEMPT", "HOST:PID", "SEEN"], rows)
+                  "INFLIGHT", "CACHE HIT", "PREEMPT", "NODE", "HOST:PID", "SEEN"], rows)
+
+
+def node_label(w: dict[str, Any]) -> str:
+    """The node a worker runs on and its data-parallel rank: `gpu-3 #1`."""
+    node = w.get("node") or w.get("host") or "-"
+    rank = w.get("dp_rank")
+    return node if rank is None else f"{node} #{rank}"
 
 
 def worker_lines(workers: list[dict[str, Any]]) -> list[str]:

@@ -36,7 +36,7 @@ from daemon.core.core import Core
 from daemon.history.http_tally import HttpTally
 from daemon.history.service import History
 from daemon.toolsvc.service import ToolService
-from daemon.workers.supervisor import Supervisor
+from daemon.workers import placement
 from db.engine import make_engine, make_sessionmaker, upgrade
 from db.writer import BatchWriter
 from webui import create_ui_router
@@ -50,7 +50,7 @@ class Daemon:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.core: Core | None = None
-        self.supervisor: Supervisor | None = None
+        self.placement: placement.Placement | None = None
         self.tools: ToolService | None = None
         self.auth = auth.TokenAuth(enabled=config.auth)
         self.limits = Limits(config)
@@ -86,8 +86,10 @@ class Daemon:
         writer.trace("daemon.started", endpoint=core.broker.endpoint,
                      **recovered.started_fields())
         pid_file = drain.write_pid_file(cfg.data_path, cfg.base_url)
-        self.supervisor = Supervisor(cfg, core.broker.endpoint, on_event=writer.trace)
-        await self.supervisor.start()
+        # local child processes, or Ray actors on a cluster's nodes ([placement])
+        self.placement = placement.make(cfg, core.broker.endpoint, core.worker_key,
+                                        writer.trace)
+        await self.placement.start()
         tuned = interpreter_tuning.settle_after_startup()
         log.info("agentd serving on %s (store %s, workers on %s)",
                  cfg.base_url, cfg.db_url, core.broker.endpoint)
@@ -95,7 +97,7 @@ class Daemon:
             yield
         finally:
             log.info("agentd stopping")
-            await self.supervisor.stop()
+            await self.placement.stop()
             await self.tools.stop()
             await core.stop()
             await self.history.stop()

@@ -135,6 +135,9 @@ class Config:
     otlp_headers: dict[str, Any] = field(default_factory=dict)
     # Tool specs by name, from the config file's [tools.NAME] tables.
     tools: dict[str, Any] = field(default_factory=dict)
+    # [placement]: where the daemon's own workers run: `backend = "local"` (child
+    # processes) or "ray" (actors on a Ray cluster's nodes); daemon/workers/placement.py.
+    placement: dict[str, Any] = field(default_factory=dict)
     # Docker engines by pool, from [tool_pools.NAME] tables (`hosts = ["unix://…", "tcp://…"]`);
     # a tool's `pool` picks one. Empty: every docker tool runs on the DOCKER_HOST engine.
     tool_pools: dict[str, Any] = field(default_factory=dict)
@@ -279,6 +282,7 @@ def validate(cfg: Config) -> None:
     if not cfg.lineage_idle_s > 0:
         raise ConfigError(f"lineage_idle_s must be > 0, got {cfg.lineage_idle_s!r}")
     _check_idle_timeouts(cfg)
+    _check_placement(cfg)
     _check_history(cfg)
     _check_content(cfg)
     if not cfg.runtime_resource_wait_s >= 0:
@@ -302,6 +306,18 @@ def _check_idle_timeouts(cfg: Config) -> None:
         tenant_timeouts(cfg.slo.get("tenants", {}))
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def _check_placement(cfg: Config) -> None:
+    from daemon.workers import placement_settings
+
+    try:
+        settings = placement_settings.parse(cfg.placement)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    problem = placement_settings.problem(cfg, settings)
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 def _check_history(cfg: Config) -> None:

@@ -66,6 +66,8 @@ class WorkerState:
     host: str
     registered_at: float
     last_seen: float
+    node: str = ""  # the machine (Ray node) it runs on; KV never moves between nodes
+    dp_rank: int | None = None  # its data-parallel rank, when its placer gave it one
     status: str = "healthy"
     stats: WorkerStats | None = None
     inflight: set[str] = field(default_factory=set)
@@ -92,6 +94,9 @@ class ProgramState:
     created_at: float
     status_since: float
     worker_id: str | None = None
+    # The node of the worker its last request ran on: its KV lives there (a worker that
+    # restarted under the same id on another node does not have it).
+    kv_node: str | None = None
     context_tokens: int = 0
     steps: int = 0
     pinned: bool = False

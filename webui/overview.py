@@ -32,6 +32,7 @@ def worker_row(w: dict[str, Any]) -> dict[str, Any]:
         "kv_pct": round(100.0 * used / cap, 1) if cap else 0.0,
         "running": stats.get("running", 0), "waiting": stats.get("waiting", 0),
         "inflight": w.get("inflight", 0), "host": w.get("host"),
+        "node": w.get("node") or w.get("host") or "", "dp_rank": w.get("dp_rank"),
         "last_seen_s_ago": w.get("last_seen_s_ago"),
     }
 

@@ -33,7 +33,8 @@ def worker_view(w: WorkerState) -> dict[str, Any]:
     return {
         "id": w.id, "engine": w.engine, "model": w.model, "status": w.status,
         "kv_capacity_tokens": w.kv_capacity_tokens, "block_size": w.block_size,
-        "max_batch": w.max_batch, "pid": w.pid, "host": w.host,
+        "max_batch": w.max_batch, "pid": w.pid, "host": w.host, "node": w.node,
+        "dp_rank": w.dp_rank,
         "inflight": len(w.inflight), "last_seen_s_ago": round(time.time() - w.last_seen, 3),
         "stats": None if stats is None else {
             f: getattr(stats, f) for f in stats.__struct_fields__},

@@ -137,6 +137,13 @@ def build_engine(args: argparse.Namespace) -> Any:
         raise CliError(str(exc)) from exc
 
 
+def _rank(text: str) -> int:
+    rank = int(text)  # argparse turns a ValueError into one usage line
+    if rank < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {rank}")
+    return rank
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -149,7 +156,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         key = read_worker_key(Path(args.key_file) if args.key_file else default_key_path())
     except WorkerKeyError as exc:
         raise CliError(str(exc)) from exc
-    runtime = WorkerRuntime(build_engine(args), args.connect, args.worker_id, key=key)
+    runtime = WorkerRuntime(build_engine(args), args.connect, args.worker_id, key=key,
+                            node=args.node, dp_rank=args.dp_rank)
     # A worker's full collections delay every answer it streams, as the daemon's would.
     interpreter_tuning.settle_after_startup()
 
@@ -195,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--engine", choices=["sim", "vllm"], default="sim")
     w.add_argument("--connect", required=True, help="the daemon's worker endpoint (tcp:// or ipc://)")
     w.add_argument("--worker-id")
+    w.add_argument("--node", default="", help="the node it runs on, as the daemon shows it "
+                   "and prices moves between nodes (default: the host name)")
+    w.add_argument("--dp-rank", type=_rank, help="its data-parallel rank (>= 0)")
     w.add_argument("--key-file", help="a copy of the daemon's worker key (default: "
                    "worker.key in $AGENTD_CONFIG_DIR or ~/.config/agentd)")
     w.add_argument("--model")

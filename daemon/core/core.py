@@ -267,6 +267,7 @@ class Core(ProgramLifecycle, WorkerHealth):
         self.watch.dispatched(req.id, worker.id, now, req.output_tokens)
         self.broker.send_frame(worker.identity, frame, "Submit")
         program.worker_id = worker.id
+        program.kv_node = worker.node
         program.ready_request = None
         program.ready_since = None
         self.set_program_status(program, ProgramStatus.REASONING, "request dispatched")

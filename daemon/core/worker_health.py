@@ -116,7 +116,8 @@ class WorkerHealth:
             id=msg.worker_id, identity=identity, engine=msg.engine, model=msg.model,
             kv_capacity_tokens=msg.kv_capacity_tokens, block_size=msg.block_size,
             max_batch=msg.max_batch, pid=msg.pid, host=msg.host, registered_at=now,
-            last_seen=now, tools=msg.tools, kv_events=msg.kv_events,
+            last_seen=now, tools=msg.tools, kv_events=msg.kv_events, node=msg.node,
+            dp_rank=msg.dp_rank,
         )
         self.workers[worker.id] = worker
         self.watch.registered(worker.id, now)
@@ -133,9 +134,11 @@ class WorkerHealth:
             self.writer.update("workers", worker.id, **row)
         self.writer.trace(
             "worker.registered", worker_id=worker.id, engine=msg.engine, model=msg.model,
-            kv_capacity_tokens=msg.kv_capacity_tokens, pid=msg.pid,
+            kv_capacity_tokens=msg.kv_capacity_tokens, pid=msg.pid, node=msg.node,
+            dp_rank=msg.dp_rank,
         )
-        log.info("worker %s registered (%s, %s)", worker.id, msg.engine, msg.model)
+        log.info("worker %s registered (%s, %s) on node %s", worker.id, msg.engine, msg.model,
+                 msg.node)
         # Only after the ack: a restarted worker lost whatever its previous process ran.
         if old is not None and old.inflight:
             self._fail_over(old, "worker restarted")

@@ -40,10 +40,14 @@ HANDSHAKE_FAILURES_TO_EXIT = 3
 
 class WorkerRuntime:
     def __init__(self, engine: Engine, connect: str, worker_id: str | None = None,
-                 key: str = "") -> None:
+                 key: str = "", node: str = "", dp_rank: int | None = None) -> None:
         self.engine = engine
         self.connect = connect
         self.key = key  # the daemon's worker key (daemon/workers/key.py)
+        # Its identity beside the id: the node it runs on (the host name unless its placer
+        # names the node, as Ray placement does) and its data-parallel rank, if it has one.
+        self.node = node or socket.gethostname()
+        self.dp_rank = dp_rank
         self.worker_id = worker_id or f"{engine.engine}-{uuid.uuid4().hex[:8]}"
         self._ctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None
@@ -135,6 +139,8 @@ class WorkerRuntime:
             key=self.key,
             tools=self.engine.tools,
             kv_events=self.engine.kv_events,
+            node=self.node,
+            dp_rank=self.dp_rank,
         )
         await sock.send(protocol.encode(reg))
         msg = await self._await_ack(sock)

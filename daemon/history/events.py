@@ -34,6 +34,12 @@ TENANTS_REMEMBERED = 100_000  # running requests whose tenant a later refusal ma
 SINGLE: dict[str, tuple[str, str, str]] = {
     "worker.registered": ("worker.registered", INFO,
                           "worker {worker_id} registered ({engine}, {model})"),
+    # Ray placement (daemon/workers/ray_placement.py): where a worker actor runs, and where
+    # Ray restarted it after its process or node died.
+    "worker.placed": ("worker.placed", INFO,
+                      "worker {worker_id} (rank {dp_rank}) placed on node {node}"),
+    "worker.moved": ("worker.moved", WARNING,
+                     "worker {worker_id} (rank {dp_rank}) restarted by Ray on node {node}"),
     "worker.process.exited": ("worker.exited", ERROR,
                               "worker {worker_id} process exited with {exit_code}; "
                               "restarting in {restart_in_s} s"),
@@ -76,7 +82,7 @@ KINDS = sorted({k for k, _, _ in SINGLE.values()} | {k for k, _, _ in FOLDED.val
 KEPT_FIELDS = ("reason", "error", "exit_code", "restart_in_s", "engine", "model", "policy",
                "previous", "rolled_back", "active", "layer", "name", "version", "restored",
                "restored_version", "timeout_s", "setting", "idle_s", "demand_tokens",
-               "budget_tokens")
+               "budget_tokens", "node", "dp_rank")
 
 
 @dataclass

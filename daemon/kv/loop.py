@@ -68,7 +68,7 @@ class KvControl:
         self._note_restarts()
         workers = tuple(
             WorkerView(w.id, w.kv_capacity_tokens,
-                       w.stats.kv_used_tokens if w.stats else 0, w.healthy)
+                       w.stats.kv_used_tokens if w.stats else 0, w.healthy, node=w.node)
             for w in self.core.workers.values()
         )
         programs = self._views.build(self.core.programs.values(), self.core.workers,
@@ -297,6 +297,7 @@ def _program_view(p: ProgramState, clock: ToolClock | None = None,
         pinned=p.pinned, pause_marked=p.pause_marked,
         tool_time_mean_s=p.tool_time_mean_s if measured is None else measured,
         kv_resident=kv_resident, kv_cached_tokens=kv_cached_tokens, migrate_to=p.migrate_to,
+        kv_node=p.kv_node,
         prefix_group=p.prefix_group, prefix_tokens=p.prefix_tokens,
         tool_running=bool(clock and clock.running),
         tool_last_s=clock.last_s if clock else None, tool_ended_at=ended_at,

@@ -105,11 +105,18 @@ def clean_residency(report: dict[str, protocol.ProgramResidency], capacity_token
             [f"residency of {len(bad)} programs out of range (e.g. {bad[0][:64]!r})"])
 
 
+MAX_NODE_CHARS = 255  # a host name's limit; chosen by whoever connected
+
+
 def register_problem(msg: protocol.Register) -> str | None:
     for name in ("kv_capacity_tokens", "block_size", "max_batch"):
         value = getattr(msg, name)
         if value < 0:
             return f"{name} must be >= 0, got {value}"
+    if msg.dp_rank is not None and msg.dp_rank < 0:
+        return f"dp_rank must be >= 0, got {msg.dp_rank}"
+    if len(msg.node) > MAX_NODE_CHARS:
+        return f"node must be at most {MAX_NODE_CHARS} characters"
     return None
 
 

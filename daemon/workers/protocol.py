@@ -19,7 +19,9 @@ import msgspec
 # 4: programmable contexts: token-id prompts with appended segments, generated token ids
 #    back, regex / grammar / logit_bias sampling, token ids in logprobs.
 # 5: residency from the engine's KV cache events in heartbeats.
-PROTOCOL_VERSION = 5
+# 6: Register names the worker's node and its data-parallel rank (workers placed by Ray,
+#    daemon/workers/ray_placement.py): the KV layer prices a move across nodes as a recompute.
+PROTOCOL_VERSION = 6
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -175,6 +177,12 @@ class Register(msgspec.Struct, frozen=True, tag="register", kw_only=True):
     tools: ToolSupport = ToolSupport()
     # Its heartbeats report programs' residency from the engine's KV cache events.
     kv_events: bool = False
+    # The machine (Ray node) it runs on: KV does not move between nodes, so a program moved
+    # to a worker on another node recomputes its whole context. "" = the host name.
+    node: str = ""
+    # Its rank among the daemon's data-parallel replicas (Ray placement numbers them);
+    # None for a worker started by hand without --dp-rank.
+    dp_rank: int | None = None
 
 
 class Heartbeat(msgspec.Struct, frozen=True, tag="heartbeat", kw_only=True):

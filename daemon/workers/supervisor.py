@@ -29,9 +29,16 @@ STABLE_AFTER_S = 60.0
 
 def worker_command(cfg: Config, endpoint: str, worker_id: str) -> list[str]:
     # The path, not the key: a command line is visible to every user of the host.
-    cmd = [sys.executable, "-m", "daemon.commands.cli", "worker", "--engine", cfg.engine,
-           "--connect", endpoint, "--worker-id", worker_id, "--log-level", cfg.log_level,
-           "--key-file", str(key_path(cfg.config_path))]
+    return [sys.executable, "-m", "daemon.commands.cli", "worker",
+            *worker_args(cfg, endpoint, worker_id),
+            "--key-file", str(key_path(cfg.config_path))]
+
+
+def worker_args(cfg: Config, endpoint: str, worker_id: str) -> list[str]:
+    """`agentd worker`'s arguments for one of the daemon's own workers, but its key file
+    (which its placer provides: a local path, or one on the Ray node)."""
+    cmd = ["--engine", cfg.engine, "--connect", endpoint, "--worker-id", worker_id,
+           "--log-level", cfg.log_level]
     if cfg.engine == "sim":
         cmd += ["--kv-tokens", str(cfg.sim_kv_tokens), "--time-scale", str(cfg.sim_time_scale)]
         if cfg.sim_cost_model:

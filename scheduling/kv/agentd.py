@@ -236,7 +236,8 @@ class AgentdPolicy(ThunderAgentPolicy):
         if program.status is ProgramStatus.QUEUED and self.options.spread_admission:
             return roomiest_fit(plan, fitting, program)
         home = plan.view.home_worker(program)
-        if self.options.home_cached and program.kv_resident is True and home is not None:
+        if (self.options.home_cached and program.kv_resident is True and home is not None
+                and not plan.view.crosses_node(program, home)):  # cached on its node only
             return home if home in fitting else None
         if not self.options.migration_cost:
             return super().choose_worker(plan, program)
@@ -351,6 +352,8 @@ def recompute_tokens(plan: Plan, worker_id: str, program: ProgramView) -> int:
     """Tokens `program` must prefill again if it next runs on `worker_id`."""
     if program.status is ProgramStatus.QUEUED:
         return 0
+    if plan.view.crosses_node(program, worker_id):
+        return program.context_tokens
     prefix = program.context_tokens - plan.ledger.cached_prefix(worker_id, program)
     home = program.recompute_at_home() if program.worker_id == worker_id else None
     return prefix if home is None else min(home, prefix)

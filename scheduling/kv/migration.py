@@ -21,7 +21,8 @@ def plan_migration(
     """Decisions that move `program_id` to `target_worker_id`.
 
     KV is not copied between workers; the target recomputes the context, less any
-    prefix its prefix group already holds there. Moving back to its own worker costs
+    prefix its prefix group already holds there; on another node than the one its KV is
+    on, all of it. Moving back to its own worker costs
     nothing only when its blocks are known to be cached there (`kv_resident` True, or the
     uncached rest when the engine's events say how much is cached); unknown counts as
     evicted, so the reported cost is an upper bound. A REASONING program moves when its
@@ -53,6 +54,8 @@ def _moves(program: ProgramView, target: str, now: bool) -> tuple[Decision, ...]
 def _recompute(view: KvView, program: ProgramView, target: str) -> int:
     if program.status is ProgramStatus.QUEUED:
         return 0
+    if view.crosses_node(program, target):
+        return program.context_tokens
     home = program.recompute_at_home() if program.worker_id == target else None
     if home == 0:
         return 0

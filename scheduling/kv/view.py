@@ -30,6 +30,7 @@ class WorkerView:
     capacity_tokens: int
     used_tokens: int = 0
     healthy: bool = True
+    node: str = ""  # the machine it runs on; "" = unknown (one node, as before nodes)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class ProgramView:
     kv_resident: bool | None = None  # a PAUSED program's blocks cached on worker_id
     kv_cached_tokens: int | None = None  # leading tokens of it cached there, from events
     migrate_to: str | None = None  # restore_on of its MarkPauseAfterRequest, if any
+    kv_node: str | None = None  # the node its KV was built on (its last request's worker's)
     tool_running: bool = False
     tool_last_s: float | None = None
     tool_ended_at: float | None = None
@@ -136,6 +138,15 @@ class KvView:
 
     def worker(self, worker_id: str) -> WorkerView | None:
         return next((w for w in self.workers if w.worker_id == worker_id), None)
+
+    def crosses_node(self, program: ProgramView, worker_id: str) -> bool:
+        """Whether running `program` on `worker_id` moves it off the node its KV is on.
+        KV never travels between nodes (no cache, no prefix group, no host tier reaches
+        across), so such a move recomputes the whole context. Unknown nodes do not cross."""
+        worker = self.worker(worker_id)
+        if worker is None or not worker.node or not program.kv_node:
+            return False
+        return worker.node != program.kv_node
 
     def home_worker(self, program: ProgramView) -> str | None:
         """The program's (last) worker if it is still healthy."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -99,6 +100,9 @@ def test_workers_table(daemon: DaemonProcess, clean_env: dict[str, str]) -> None
     assert header[:4] == ["ID", "ENGINE", "MODEL", "STATUS"]
     row = row_of(out, "local-sim-0")
     assert "sim (simulated)" in row and MODEL in row and "healthy" in row
+    # NODE, then HOST:PID: a local worker names no node of its own, so its host's name
+    assert "NODE" in header
+    assert re.search(rf"\s{re.escape(socket.gethostname())}\s+\S+:\d+\s", row), row
     raw = json.loads(agentctl("--json", "workers", env=env).out)
     assert raw["data"][0]["id"] == "local-sim-0"
 
