@@ -57,8 +57,8 @@ def make_private(url: str) -> None:
             log.warning("cannot make %s readable by its owner only: %s", file, exc)
 
 
-def _sync_url(url: str) -> str:
-    # Alembic runs synchronously in a worker thread; give it the sync driver.
+def sync_url(url: str) -> str:
+    """The same database with the sync driver (Alembic runs synchronously in a thread)."""
     return url.replace("+aiosqlite", "").replace("+asyncpg", "+psycopg")
 
 
@@ -89,7 +89,7 @@ def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[Any]:
 def alembic_config(url: str) -> AlembicConfig:
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    cfg.set_main_option("sqlalchemy.url", _sync_url(url))
+    cfg.set_main_option("sqlalchemy.url", sync_url(url))
     return cfg
 
 

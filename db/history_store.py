@@ -6,13 +6,35 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Integer, case, cast, delete, func, insert, or_, select
+from sqlalchemy import BigInteger, case, delete, func, insert, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
 
 from db import models
 
 P = models.HistoryPoint
 E = models.OperatorEvent
+
+
+class whole_part(FunctionElement[int]):
+    """The whole part of a non-negative number, as an integer. CAST alone will not do on
+    both databases: SQLite's truncates, PostgreSQL's rounds (a bucket would take the
+    second half of its neighbour)."""
+
+    type = BigInteger()
+    inherit_cache = True
+
+
+@compiles(whole_part)
+def _whole_part(element: whole_part, compiler: SQLCompiler, **kw: object) -> str:
+    return f"CAST({compiler.process(element.clauses, **kw)} AS BIGINT)"
+
+
+@compiles(whole_part, "postgresql")
+def _whole_part_pg(element: whole_part, compiler: SQLCompiler, **kw: object) -> str:
+    return f"CAST(FLOOR({compiler.process(element.clauses, **kw)}) AS BIGINT)"
 
 
 async def points(s: AsyncSession, step_s: int, since: float, until: float,
@@ -32,7 +54,7 @@ async def bucketed(s: AsyncSession, step_s: int, since: float, until: float,
     """The tier's points in [since, until] folded in the store into buckets of `bucket_s`
     (each stamped with its start): the mean weighted by samples, or the largest value for
     the series in `worst_of`; oldest first."""
-    bucket = (cast(P.ts / bucket_s, Integer) * bucket_s).label("ts")
+    bucket = (whole_part(P.ts / bucket_s) * bucket_s).label("ts")
     mean = func.sum(P.value * P.samples) / func.sum(P.samples)
     value = case((P.series.in_(worst_of), func.max(P.value)), else_=mean).label("value")
     query = select(P.series, P.label, bucket, value, func.sum(P.samples).label("samples")

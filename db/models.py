@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# 64-bit integers: BIGINT on PostgreSQL (whose SERIAL key would stop at 2^31 rows),
+# INTEGER on SQLite, which is 64-bit already and, for a key, the rowid alias (BIGINT is not).
+Int64 = BigInteger().with_variant(Integer(), "sqlite")
 
 
 class Base(DeclarativeBase):
@@ -126,7 +130,7 @@ class ToolContainer(Base):
     backend: Mapped[str] = mapped_column(String(16))
     container_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     state: Mapped[str] = mapped_column(String(16))
-    disk_bytes: Mapped[int] = mapped_column(Integer, default=0)
+    disk_bytes: Mapped[int] = mapped_column(Int64, default=0)  # may pass 2 GiB
     created_at: Mapped[float] = mapped_column(Float)
     removed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
@@ -161,7 +165,7 @@ class TraceEvent(Base):
         Index("ix_trace_program", "program_id", "id"),
     )
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=True)
     ts: Mapped[float] = mapped_column(Float)
     kind: Mapped[str] = mapped_column(String(64))
     session_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
@@ -212,7 +216,7 @@ class HistoryPoint(Base):
     __tablename__ = "history_points"
     __table_args__ = (Index("ix_history_step_ts", "step_s", "ts"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=True)
     series: Mapped[str] = mapped_column(String(64))
     label: Mapped[str] = mapped_column(String(128), default="")  # a worker id, or ""
     step_s: Mapped[int] = mapped_column(Integer)
@@ -229,7 +233,7 @@ class OperatorEvent(Base):
     __tablename__ = "events"
     __table_args__ = (Index("ix_events_ts", "ts"), Index("ix_events_kind_ts", "kind", "ts"))
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=True)
     ts: Mapped[float] = mapped_column(Float)  # the first occurrence
     last_ts: Mapped[float] = mapped_column(Float)
     kind: Mapped[str] = mapped_column(String(64))

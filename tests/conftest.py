@@ -37,7 +37,13 @@ from tests.docker_fixtures import (  # noqa: E402, F401
     docker_host,
     second_docker_engine,
 )
-from tests.store_fixtures import store_with_writer  # noqa: E402, F401
+from tests.store_fixtures import (  # noqa: E402, F401
+    daemon_db,
+    postgres_server,
+    postgres_url,
+    store_url,
+    store_with_writer,
+)
 
 
 @pytest.fixture()

@@ -15,7 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy import Executable, Row, create_engine
+from sqlalchemy.pool import NullPool
 
+from db.engine import sqlite_url, sync_url
 from tests.waiting import wait_for
 
 
@@ -45,6 +48,8 @@ class DaemonProcess:
     # Where the daemon writes its first-start operator token (AGENTD_CONFIG_DIR), so
     # tests never touch the real home; defaults to <data_dir>/config.
     config_dir: Path | None = None
+    # The store's SQLAlchemy URL (`--db`); empty: the SQLite file in the data dir.
+    db: str = ""
 
     def __post_init__(self) -> None:
         if self.config_dir is not None:
@@ -77,13 +82,30 @@ class DaemonProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def db_url(self) -> str:
+        return self.db or sqlite_url(self.data_dir / "agentd.db")
+
+    def db_args(self) -> list[str]:
+        return ["--db", self.db] if self.db else []
+
+    def store_rows(self, query: Executable) -> list[Row[Any]]:
+        """The rows `query` reads from the daemon's store (running or not), with the sync
+        driver; JSON columns come back parsed on either database."""
+        engine = create_engine(sync_url(self.db_url), poolclass=NullPool)
+        try:
+            with engine.connect() as conn:
+                return list(conn.execute(query).all())
+        finally:
+            engine.dispose()
+
     def start(self, wait_workers: int | None = None, timeout: float = 60.0) -> DaemonProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.data_dir / f"daemon-{int(time.time() * 1000)}.log"
         env = self.process_env()
         cmd = [sys.executable, "-m", "daemon.commands.cli", "start", "--port", str(self.port),
                "--data-dir", str(self.data_dir), "--workers", str(self.workers),
-               "--engine", self.engine, *self.extra_args]
+               "--engine", self.engine, *self.db_args(), *self.extra_args]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                          start_new_session=True, preexec_fn=_die_with_parent)
@@ -96,8 +118,11 @@ class DaemonProcess:
                 **self.env}
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """Run `agentd ARGS --data-dir <this daemon's>` (e.g. `token create ...`)."""
-        cmd = [sys.executable, "-m", "daemon.commands.cli", *args, "--data-dir", str(self.data_dir)]
+        """Run `agentd ARGS --data-dir <this daemon's>` (e.g. `token create ...`); the
+        token commands also get its `--db`."""
+        db = self.db_args() if args[:1] == ("token",) else []
+        cmd = [sys.executable, "-m", "daemon.commands.cli", *args, "--data-dir", str(self.data_dir),
+               *db]
         return subprocess.run(cmd, env=self.process_env(), capture_output=True, text=True,
                               timeout=60)
 

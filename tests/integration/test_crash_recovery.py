@@ -5,14 +5,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sqlite3
 import threading
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
+from sqlalchemy import select
 
+from db.models import TraceEvent
 from tests.daemon_process import DaemonProcess
 from tests.waiting import wait_for
 
@@ -60,18 +60,17 @@ def _policies(d: DaemonProcess) -> dict[str, Any]:
     return {p["name"]: p.get("active_version") for p in d.get("/v1/policies").json()["data"]}
 
 
-def _lifecycle(data_dir: Path) -> list[tuple[str, dict[str, Any]]]:
-    import json
-
-    with contextlib.closing(sqlite3.connect(f"file:{data_dir / 'agentd.db'}?mode=ro",
-                                            uri=True)) as db:
-        rows = db.execute("SELECT kind, data FROM trace_events WHERE kind IN "
-                          "('daemon.started', 'daemon.stopped') ORDER BY id").fetchall()
-    return [(kind, json.loads(data)) for kind, data in rows]
+def _lifecycle(d: DaemonProcess) -> list[tuple[str, dict[str, Any]]]:
+    t = TraceEvent
+    rows = d.store_rows(select(t.kind, t.data).where(
+        t.kind.in_(("daemon.started", "daemon.stopped"))).order_by(t.id))
+    return [(row.kind, row.data) for row in rows]
 
 
-def test_kill_9_under_load_then_restart(daemon_factory) -> None:  # type: ignore[no-untyped-def]
-    d: DaemonProcess = daemon_factory(workers=2, env={"AGENTD_SIM_TIME_SCALE": "3"}).start()
+def test_kill_9_under_load_then_restart(daemon_factory, daemon_db: str) -> None:  # type: ignore[no-untyped-def]
+    """On either store: the SQLite file in the data dir, or a PostgreSQL database."""
+    d: DaemonProcess = daemon_factory(workers=2, env={"AGENTD_SIM_TIME_SCALE": "3"},
+                                      db=daemon_db).start()
     old_group = d.proc.pid if d.proc else 0
     try:
         _crash_and_recover(d)
@@ -144,14 +143,14 @@ def _crash_and_recover(d: DaemonProcess) -> None:
         assert out.usage is not None and out.usage.completion_tokens == 3
     assert d.get("/v1/programs/p-long").json()["status"] == "ACTING"
 
-    starts = _lifecycle(d.data_dir)
+    starts = _lifecycle(d)
     assert [k for k, _ in starts] == ["daemon.started", "daemon.started"]
     assert starts[0][1]["after_crash"] is False and starts[1][1]["after_crash"] is True
     assert starts[1][1]["requests_interrupted"] >= 1
     # A clean stop writes daemon.stopped: the next start is not after a crash.
     assert d.stop() == 0
     d.start(wait_workers=0)
-    assert _lifecycle(d.data_dir)[-1][1]["after_crash"] is False
+    assert _lifecycle(d)[-1][1]["after_crash"] is False
 
 
 def _assert_interrupted_marked(program: dict[str, Any], trace: list[dict[str, Any]]) -> None:

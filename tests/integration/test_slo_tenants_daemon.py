@@ -13,7 +13,7 @@ import httpx
 import openai
 
 from daemon.access import auth
-from db.engine import make_engine, make_sessionmaker, sqlite_url
+from db.engine import make_engine, make_sessionmaker
 from tests.daemon_process import DaemonProcess
 from tests.waiting import wait_for
 
@@ -60,7 +60,7 @@ def issue(d: DaemonProcess, name: str, tenant: str | None = None) -> tuple[str, 
     """(id, secret) of a new submit token, written to the running daemon's store the way
     `agentd token create` writes it, without a CLI process per token."""
     async def run() -> tuple[str, str]:
-        engine = make_engine(sqlite_url(d.data_dir / "agentd.db"))
+        engine = make_engine(d.db_url)
         try:
             async with make_sessionmaker(engine)() as s, s.begin():
                 return await auth.issue_token(s, name, {auth.SUBMIT}, tenant)
@@ -102,8 +102,9 @@ async def backlog(d: DaemonProcess, free: str, gold: str) -> None:
     assert all(a.usage.completion_tokens == ANSWER_TOKENS for a in answers)
 
 
-def test_tenants_are_scheduled_by_their_weights_and_slos(daemon_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    d = configured(daemon_factory, tmp_path, CONFIG)
+def test_tenants_are_scheduled_by_their_weights_and_slos(  # type: ignore[no-untyped-def]
+        daemon_factory, tmp_path, daemon_db) -> None:
+    d = configured(daemon_factory, tmp_path, CONFIG, db=daemon_db)
     gold_id, gold = token(d, "submit", "gold client", "--tenant", "gold")
     _, free = issue(d, "free client", "free")
     other_id, other = issue(d, "no tenant")
@@ -156,9 +157,10 @@ def test_tenants_are_scheduled_by_their_weights_and_slos(daemon_factory, tmp_pat
     assert d.get("/v1/sessions/s-proxy").json()["tenant"] == "gold"
 
 
-def test_tokens_of_one_tenant_share_its_rate_bucket(daemon_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    d = daemon_factory(env={"AGENTD_RATE_LIMIT_RPS": "0.01",
-                            "AGENTD_RATE_LIMIT_BURST": "2"}).start()
+def test_tokens_of_one_tenant_share_its_rate_bucket(  # type: ignore[no-untyped-def]
+        daemon_factory, tmp_path, daemon_db) -> None:
+    d = daemon_factory(db=daemon_db, env={"AGENTD_RATE_LIMIT_RPS": "0.01",
+                                          "AGENTD_RATE_LIMIT_BURST": "2"}).start()
     _, first = issue(d, "acme one", "acme")
     _, second = issue(d, "acme two", "acme")
     _, loner = issue(d, "loner")

@@ -18,6 +18,7 @@ from daemon.access import auth
 from daemon.app import create_app
 from daemon.config import Config
 from tests.daemon_process import DaemonProcess
+from tests.store_fixtures import DATABASES
 from tests.ui.webui_support import csrf_of, login
 from tests.waiting import wait_for
 
@@ -89,9 +90,16 @@ def _run(d: DaemonProcess, token: str, body: dict[str, Any]) -> dict[str, Any]:
                          60, f"run {run_id} to end"))
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    d = DaemonProcess(tmp_path_factory.mktemp("tenants") / "data",
+@pytest.fixture(scope="module", params=DATABASES)
+def world(request: pytest.FixtureRequest,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """Tenants A and B on a daemon on each store: SQLite, and a PostgreSQL database."""
+    db, server = "", None
+    if request.param == "postgresql":
+        server = request.getfixturevalue("postgres_server")
+        name = server.create_database()
+        db = server.url(name)
+    d = DaemonProcess(tmp_path_factory.mktemp("tenants") / "data", db=db,
                       env={"AGENTD_CONTENT_TRACING": "true"}).start()
     try:
         a, b = _token(d, "a"), _token(d, "b")
@@ -118,6 +126,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         yield World(d, a, b, run["id"], r.json()["id"], b_request, login(d, a))
     finally:
         d.stop()
+        if server is not None:
+            server.drop_database(name)
 
 
 # --- the walk -----------------------------------------------------------------------

@@ -4,60 +4,74 @@ UI's sessions and programs pages on top of them.
 
 The store holds more rows than any one page can ask for (limit ≤ 1000): one real
 session with a program, made through the gateway first, then 1,050 newer sessions (the oldest
-of them holding 1,050 stopped programs), written into the daemon's SQLite store while it is stopped
+of them holding 1,050 stopped programs), written into the daemon's store while it is stopped
 (making each through the gateway would take minutes). A filter or a sort must still find
-the oldest one.
+the oldest one. Every test runs on both stores: SQLite, and PostgreSQL.
 """
 
 from __future__ import annotations
 
-import json
-import sqlite3
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import create_engine, insert
+from sqlalchemy.pool import NullPool
 
+from db import models
+from db.engine import sync_url
 from tests.daemon_process import DaemonProcess
+from tests.store_fixtures import DATABASES
 from tests.ui.webui_support import login, require_ui, run_program, text_of
 
 NEWER = 1050
 NEEDLE = "Needle-Session"
 
 
-def add_sessions(db: Path, n: int, after: float) -> None:
+def add_sessions(url: str, n: int, after: float) -> None:
     """`n` sessions created after `after`, one a second; every seventh of tenant 'acme'."""
-    rows = [(f"bulk-{i:04d}", "acme" if i % 7 == 0 else "default", i % 3, "default", None,
-             json.dumps({}), after + 1 + i, after + 1 + i) for i in range(n)]
+    Row = dict[str, object]
+    rows: list[Row] = [
+        {"id": f"bulk-{i:04d}", "tenant": "acme" if i % 7 == 0 else "default",
+             "priority": i % 3, "slo_class": "default", "pinned_worker": None, "state": {},
+             "created_at": after + 1 + i, "updated_at": after + 1 + i} for i in range(n)]
     # Each session's program has a context shorter than the real program's (which saw a
     # whole chat turn), so sorting by context must reach past the newest thousand to it.
-    programs = [(f"bulk-p{i:04d}", "bulk-0000", "STOPPED", None, i % 5, 1, False, "",
-                 after + 1 + i, after + 1 + i, after + 1 + i) for i in range(n)]
-    with sqlite3.connect(db) as conn:
-        conn.executemany("INSERT INTO sessions (id, tenant, priority, slo_class, pinned_worker,"
-                         " state, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
-        conn.executemany("INSERT INTO programs (id, session_id, status, worker_id,"
-                         " context_tokens, steps, pinned, status_reason, created_at,"
-                         " status_since, stopped_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                         programs)
-    conn.close()
+    programs: list[Row] = [
+        {"id": f"bulk-p{i:04d}", "session_id": "bulk-0000", "status": "STOPPED",
+                 "worker_id": None, "context_tokens": i % 5, "steps": 1, "pinned": False,
+                 "status_reason": "", "created_at": after + 1 + i, "status_since": after + 1 + i,
+                 "stopped_at": after + 1 + i} for i in range(n)]
+    engine = create_engine(sync_url(url), poolclass=NullPool)
+    with engine.begin() as conn:
+        conn.execute(insert(models.Session), rows)
+        conn.execute(insert(models.Program), programs)
+    engine.dispose()
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    d = DaemonProcess(data_dir=tmp_path_factory.mktemp("sessions") / "data", workers=1)
+@pytest.fixture(scope="module", params=DATABASES)
+def daemon(request: pytest.FixtureRequest,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    """A daemon on each store: its SQLite file, or a PostgreSQL database of its own."""
+    db, server = "", None
+    if request.param == "postgresql":
+        server = request.getfixturevalue("postgres_server")
+        name = server.create_database()
+        db = server.url(name)
+    d = DaemonProcess(data_dir=tmp_path_factory.mktemp("sessions") / "data", workers=1, db=db)
     d.start()
     try:
         require_ui(d)
         run_program(d, "needle-p", NEEDLE)
         created = d.get(f"/v1/sessions/{NEEDLE}").json()["created_at"]
         d.stop()
-        add_sessions(d.data_dir / "agentd.db", NEWER, created)
+        add_sessions(d.db_url, NEWER, created)
         d.start()
         yield d
     finally:
         d.stop()
+        if server is not None:
+            server.drop_database(name)
 
 
 def sessions(d: DaemonProcess, **params: object) -> dict[str, object]:

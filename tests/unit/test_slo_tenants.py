@@ -134,8 +134,8 @@ def test_builtin_wfq_and_stride_take_the_tenant_weights_on_a_switch(name: str) -
 
 
 @pytest.fixture
-async def engine(tmp_path: Path) -> AsyncIterator[AsyncEngine]:
-    url = sqlite_url(tmp_path / "agentd.db")
+async def engine(store_url: str) -> AsyncIterator[AsyncEngine]:
+    url = store_url
     await upgrade(url)
     eng = make_engine(url)
     yield eng

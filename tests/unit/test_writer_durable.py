@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,15 +12,15 @@ from sqlalchemy import event, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db import models
-from db.engine import make_engine, make_sessionmaker, sqlite_url, upgrade
+from db.engine import make_engine, make_sessionmaker, upgrade
 from db.writer import BatchWriter, NotDurable
 
 NEVER_ON_ITS_OWN = 3600.0  # the writer's interval: only a waiter makes it commit
 
 
 @pytest.fixture
-async def engine(tmp_path: Path) -> AsyncIterator[AsyncEngine]:
-    url = sqlite_url(tmp_path / "agentd.db")
+async def engine(store_url: str) -> AsyncIterator[AsyncEngine]:
+    url = store_url
     await upgrade(url)
     engine = make_engine(url)
     yield engine
