@@ -54,6 +54,7 @@ from tests.daemon_process import DaemonProcess, free_port
 
 COST_MODEL = "llama3-8b-h100"
 QUEUE_HISTOGRAM = "agentd_queue_time_seconds"
+LIVE = ("QUEUED", "REASONING", "ACTING", "PAUSED")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -88,7 +89,7 @@ def _load_process(port: int, token: str, connections: int, start: float, end: fl
                                for _ in range(connections)))
 
     asyncio.run(run())
-    out.put({"latencies": latencies, "errors": errors})
+    out.put({"latencies": latencies, "errors": errors, "cpu_s": time.process_time()})
 
 
 def drive(port: int, token: str, concurrency: int, processes: int, seconds: float,
@@ -115,6 +116,8 @@ def drive(port: int, token: str, concurrency: int, processes: int, seconds: floa
     n = len(latencies)
     return {
         "concurrency": concurrency, "load_processes": processes, "seconds": seconds,
+        # the load generator's own CPU (its processes' whole lives, connecting included)
+        "load_cpu_s": sum(r["cpu_s"] for r in results),
         "requests": n, "errors": len(errors), "requests_per_s": n / seconds,
         "client_p50_ms": 1000 * latencies[n // 2] if n else None,
         "client_p99_ms": 1000 * latencies[max(0, int(n * 0.99) - 1)] if n else None,
@@ -164,26 +167,35 @@ def histogram_quantile(before: dict[float, float], after: dict[float, float],
 class Window:
     """Reads the daemon's CPU time and queue histogram at the start and end of a phase."""
 
-    def __init__(self, d: DaemonProcess) -> None:
+    def __init__(self, d: DaemonProcess, worker_pids: list[int]) -> None:
         self.d = d
+        self.worker_pids = worker_pids
         self.client = httpx.Client(base_url=d.url, headers=d.auth_headers(), timeout=30)
 
-    def scrape(self) -> dict[float, float]:
-        return queue_buckets(self.client.get("/metrics").text)
+    def scrape(self) -> tuple[dict[float, float], float]:
+        """The queue-time buckets, and the live programs (every status but stopped and
+        failed): what the KV policy walks for each request it routes."""
+        text = self.client.get("/metrics").text
+        live = sum(v for name, labels, v in metric_samples(text)
+                   if name == "agentd_programs" and labels.get("status") in LIVE)
+        return queue_buckets(text), live
 
     def __call__(self, start: float, end: float) -> dict[str, Any]:
         assert self.d.proc is not None
         pid = self.d.proc.pid
         time.sleep(max(0.0, start - time.time()))
-        cpu0, hist0, load0 = cpu_seconds(pid), self.scrape(), os.getloadavg()
+        cpu0, (hist0, live0), load0 = cpu_seconds(pid), self.scrape(), os.getloadavg()
+        workers0 = sum(cpu_seconds(w) for w in self.worker_pids)
         time.sleep(max(0.0, end - time.time()))
-        cpu1, hist1, load1 = cpu_seconds(pid), self.scrape(), os.getloadavg()
+        cpu1, (hist1, live1), load1 = cpu_seconds(pid), self.scrape(), os.getloadavg()
+        workers1 = sum(cpu_seconds(w) for w in self.worker_pids)
         return {
-            "daemon_cpu_s": cpu1 - cpu0,
+            "daemon_cpu_s": cpu1 - cpu0, "workers_cpu_s": workers1 - workers0,
             "dispatched": hist1.get(float("inf"), 0.0) - hist0.get(float("inf"), 0.0),
             "sched_p50_ms": _ms(histogram_quantile(hist0, hist1, 0.5)),
             "sched_p99_ms": _ms(histogram_quantile(hist0, hist1, 0.99)),
             "loadavg_1m_start": load0[0], "loadavg_1m_end": load1[0],
+            "live_programs_start": live0, "live_programs_end": live1,
         }
 
 
@@ -198,7 +210,7 @@ class Fleet:
     """A daemon with no local workers and N `agentd worker --connect tcp://` processes."""
 
     def __init__(self, root: Path, workers: int, time_scale: float,
-                 max_batch: int | None) -> None:
+                 max_batch: int | None, env: dict[str, str] | None = None) -> None:
         self.workers = workers
         self.time_scale = time_scale
         self.max_batch = max_batch
@@ -209,7 +221,8 @@ class Fleet:
                  "AGENTD_WORKER_BIND": f"tcp://127.0.0.1:{self.worker_port}",
                  # 64 workers starting on 2 busy cores miss the tests' 1.5 s heartbeat
                  # timeout; the daemon's defaults, as a deployment runs them.
-                 "AGENTD_HEARTBEAT_INTERVAL_S": "0.5", "AGENTD_HEARTBEAT_TIMEOUT_S": "3"})
+                 "AGENTD_HEARTBEAT_INTERVAL_S": "0.5", "AGENTD_HEARTBEAT_TIMEOUT_S": "3",
+                 **(env or {})})
         self.procs: list[subprocess.Popen[bytes]] = []
         self.log_dir = root / "workers"
 
@@ -307,16 +320,18 @@ def measure(d: DaemonProcess, window: Window, concurrency: int, args: argparse.N
     r["daemon_cores_used"] = w["daemon_cpu_s"] / args.seconds
     log(f"{label} c={concurrency:<4}: {r['requests_per_s']:7.0f} req/s  "
         f"daemon {_fmt(r['cpu_ms_per_request'], 3)} ms CPU/req "
-        f"({r['daemon_cores_used']:.2f} cores)  sched p50 {_fmt(r['sched_p50_ms'])} "
+        f"({r['daemon_cores_used']:.2f} cores; workers {w['workers_cpu_s'] / args.seconds:.2f}, "
+        f"load {r['load_cpu_s'] / args.seconds:.2f})  sched p50 {_fmt(r['sched_p50_ms'])} "
         f"p99 {_fmt(r['sched_p99_ms'])} ms  client p50 {_fmt(r['client_p50_ms'])} "
         f"p99 {_fmt(r['client_p99_ms'])} ms  errors {r['errors']}  "
-        f"load {r['loadavg_1m_end']:.1f}")
+        f"live programs {r['live_programs_end']:.0f}  load {r['loadavg_1m_end']:.1f}")
     return r
 
 
 @contextlib.contextmanager
-def fleet_up(root: Path, n: int, time_scale: float, max_batch: int | None) -> Any:
-    fleet = Fleet(root, n, time_scale, max_batch)
+def fleet_up(root: Path, n: int, time_scale: float, max_batch: int | None,
+             env: dict[str, str] | None = None) -> Any:
+    fleet = Fleet(root, n, time_scale, max_batch, env)
     t0 = time.perf_counter()
     try:
         fleet.start()
@@ -325,39 +340,73 @@ def fleet_up(root: Path, n: int, time_scale: float, max_batch: int | None) -> An
         if warm.status_code != 200:
             raise SystemExit(f"bench.scale: warm-up request failed: {warm.text}")
         drive(fleet.d.port, fleet.d.token, 2 * n, 1, 2.0)  # warm-up
-        yield fleet.d
+        yield fleet
     finally:
         fleet.stop()
 
 
 def paced_point(root: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
-    with fleet_up(root / f"n{n}", n, args.time_scale, 1) as d:
-        return {"workers": n, **measure(d, Window(d), n * args.per_worker, args,
-                                        f"{n:>3} workers paced")}
+    with fleet_up(root / f"n{n}", n, args.time_scale, 1) as fleet:
+        window = Window(fleet.d, [p.pid for p in fleet.procs])
+        point = {"workers": n, **measure(fleet.d, window, n * args.per_worker, args,
+                                         f"{n:>3} workers paced")}
+        point.update(idle(fleet, args.idle_seconds))
+        if point["requests"]:
+            busy = point["daemon_cpu_s"] - point["daemon_idle_cores"] * args.seconds
+            point["cpu_ms_per_request_net_of_idle"] = 1000 * busy / point["requests"]
+        log(f"{n:>3} workers idle: daemon {point['daemon_idle_cores']:.3f} cores, workers "
+            f"{point['workers_idle_cores']:.3f} cores (heartbeats, KV and SLO ticks)")
+        if n in args.profile_paced:
+            point["profile"] = profiled_phase(fleet.d, n * args.per_worker, args,
+                                              f"scale-profile-paced-{n}")
+        return point
 
 
-def capacity(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+def idle(fleet: Fleet, seconds: float) -> dict[str, float]:
+    """What the daemon and the workers burn with no request (heartbeats, the KV and SLO
+    loops over the programs left live): the part of a phase's CPU that is not per request."""
+    assert fleet.d.proc is not None
+    pids = [p.pid for p in fleet.procs]
+    d0, w0 = cpu_seconds(fleet.d.proc.pid), sum(cpu_seconds(p) for p in pids)
+    time.sleep(seconds)
+    d1, w1 = cpu_seconds(fleet.d.proc.pid), sum(cpu_seconds(p) for p in pids)
+    return {"daemon_idle_cores": (d1 - d0) / seconds, "workers_idle_cores": (w1 - w0) / seconds}
+
+
+def profiled_phase(d: DaemonProcess, concurrency: int, args: argparse.Namespace,
+                   name: str) -> dict[str, Any]:
+    """One more phase like the last, with py-spy sampling the daemon (its ptrace stops
+    slow the daemon down, so the measured phases are never the sampled ones)."""
+    assert d.proc is not None
+    pid = d.proc.pid
+    holder: dict[str, Any] = {}
+
+    def sample(start: float, end: float) -> None:
+        time.sleep(max(0.0, start - time.time()))
+        holder.update(profile(pid, end - start - 0.5, RESULTS / name, args.top))
+
+    r = drive(d.port, d.token, concurrency, args.load_processes, args.seconds, sample)
+    log(f"profiled {holder['samples']} samples at c={concurrency}")
+    return {"concurrency": concurrency, "requests_per_s_while_sampled": r["requests_per_s"],
+            **holder}
+
+
+def capacity(root: Path, args: argparse.Namespace, lineage: bool) -> dict[str, Any]:
+    """`lineage` False: the daemon with lineage_inference off, so a request without a
+    program_id ends its program at once instead of holding it for lineage_idle_s: what a
+    request costs without the live programs the KV policy walks for each one."""
     n = args.capacity_workers
-    with fleet_up(root / "capacity", n, 0.0, None) as d:
-        window = Window(d)
-        runs = [measure(d, window, c, args, f"capacity, {n} zero-cost workers")
+    env = {} if lineage else {"AGENTD_LINEAGE_INFERENCE": "false"}
+    label = f"capacity, {n} zero-cost workers, lineage {'on' if lineage else 'off'}"
+    with fleet_up(root / f"capacity-{lineage}", n, 0.0, None, env) as fleet:
+        d = fleet.d
+        window = Window(d, [p.pid for p in fleet.procs])
+        runs = [measure(d, window, c, args, label)
                 for c in (int(x) for x in args.capacity_concurrency.split(","))]
-        out: dict[str, Any] = {"workers": n, "engine": "sim, time scale 0", "runs": runs}
-        if not args.no_profile:
-            assert d.proc is not None
-            pid = d.proc.pid
-            conc = runs[-1]["concurrency"]
-            holder: dict[str, Any] = {}
-
-            def sample(start: float, end: float) -> None:
-                time.sleep(max(0.0, start - time.time()))
-                holder.update(profile(pid, end - start - 0.5, RESULTS / "scale-profile",
-                                      args.top))
-
-            r = drive(d.port, d.token, conc, args.load_processes, args.seconds, sample)
-            out["profile"] = {"concurrency": conc,
-                              "requests_per_s_while_sampled": r["requests_per_s"], **holder}
-            log(f"capacity: profiled {holder['samples']} samples at c={conc}")
+        out: dict[str, Any] = {"workers": n, "engine": "sim, time scale 0",
+                               "lineage_inference": lineage, "runs": runs}
+        if lineage and not args.no_profile:
+            out["profile"] = profiled_phase(d, runs[-1]["concurrency"], args, "scale-profile")
         return out
 
 
@@ -376,7 +425,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--capacity-workers", type=int, default=8)
     ap.add_argument("--capacity-concurrency", default="16,64")
     ap.add_argument("--load-processes", type=int, default=2)
-    ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--idle-seconds", type=float, default=5.0,
+                    help="after each paced phase: the daemon's and workers' CPU with no load")
+    ap.add_argument("--no-profile", action="store_true", help="no py-spy in the capacity run")
+    ap.add_argument("--profile-paced", default="",
+                    help="worker counts whose paced point gets a py-spy phase too (e.g. 64)")
     ap.add_argument("--no-capacity", action="store_true")
     ap.add_argument("--no-paced", action="store_true", help="the capacity run only")
     ap.add_argument("--top", type=int, default=25)
@@ -385,18 +438,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.workers, args.seconds = "8,16", 5.0
     counts = [int(x) for x in args.workers.split(",")]
+    args.profile_paced = {int(x) for x in args.profile_paced.split(",") if x}
     RESULTS.mkdir(parents=True, exist_ok=True)
     step = modelled_step_s(args.time_scale)
     log(f"bench.scale: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}; "
         f"a paced worker's modelled step {1000 * step:.1f} ms, so it serves at most "
         f"{1 / step:.0f} req/s")
     points = []
-    cap = None
+    cap = cap_off = None
     with tempfile.TemporaryDirectory() as tmp:
         for n in [] if args.no_paced else counts:
             points.append(paced_point(Path(tmp), n, args))
         if not args.no_capacity:
-            cap = capacity(Path(tmp), args)
+            cap = capacity(Path(tmp), args, lineage=True)
+            cap_off = capacity(Path(tmp), args, lineage=False)
     base = points[0]["requests_per_s"] / points[0]["workers"] if points else 0.0
     for p in points:
         p["linearity"] = p["requests_per_s"] / p["workers"] / base
@@ -410,14 +465,14 @@ def main(argv: list[str] | None = None) -> int:
         "machine_cores": os.cpu_count(), "modelled_step_ms": 1000 * step,
         "params": {k: getattr(args, k) for k in
                    ("workers", "seconds", "time_scale", "per_worker", "capacity_workers",
-                    "capacity_concurrency", "load_processes")},
+                    "capacity_concurrency", "load_processes", "idle_seconds")},
         "note": "one machine: the daemon, every worker process and the load generator share "
                 f"its {os.cpu_count()} cores (and other people's work: see each phase's load "
                 "average). Linearity is each count's req/s per worker over the first count's; "
                 "scheduling latency is the daemon's agentd_queue_time_seconds (arrival at the "
                 "core to dispatch) interpolated in its buckets.",
         "targets": {"linearity_to_32": 0.9, "requests_per_s": 2000},
-        "points": points, "capacity": cap,
+        "points": points, "capacity": cap, "capacity_lineage_off": cap_off,
     }
     # A partial run (--no-paced, --no-capacity) keeps the full run's files.
     name = "scale" if points and cap else "scale-partial"
@@ -428,7 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     for p in points:
         log(f"{p['workers']:>3} workers: {p['requests_per_s']:7.0f} req/s (bound "
             f"{p['worker_bound_req_s']:.0f}), linearity {p['linearity']:.2f}, "
-            f"{_fmt(p['cpu_ms_per_request'], 3)} ms CPU/req, sched p50/p99 "
+            f"{_fmt(p['cpu_ms_per_request'], 3)} ms CPU/req "
+            f"({_fmt(p.get('cpu_ms_per_request_net_of_idle'), 3)} net of idle), sched p50/p99 "
             f"{_fmt(p['sched_p50_ms'])}/{_fmt(p['sched_p99_ms'])} ms")
     log(f"wrote {path}")
     return 0
