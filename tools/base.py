@@ -183,6 +183,9 @@ class Backend(Protocol):
     async def reclaim(self, resource: Resource) -> None:
         """Remove one resource; stopping whatever runs in it. Gone already is success."""
 
+    def hosts(self) -> list[str]:
+        """The engines this backend places on (Docker engine URLs); empty for local ones."""
+
     def hosts_down(self) -> dict[str, str]:
         """Engines of this backend the last listing could not reach, with why (the others
         were listed and reclaimed regardless); empty when all answered."""

@@ -254,5 +254,8 @@ class DockerBackend:
         mine = {LABEL_DAEMON: owner.daemon_id, LABEL_PROGRAM: owner.program_id}
         return len(found), any(_owned(c, mine) for c in found)
 
+    def hosts(self) -> list[str]:
+        return [self.host]
+
     def hosts_down(self) -> dict[str, str]:
         return {}  # one engine: being down is the whole backend's error, raised

@@ -59,6 +59,9 @@ class DockerHosts:
     def pools(self) -> dict[str, list[str]]:
         return {name: list(hosts) for name, hosts in self._pools.items()}
 
+    def hosts(self) -> list[str]:
+        return list(self._engines)
+
     def hosts_down(self) -> dict[str, str]:
         return dict(self._down)
 

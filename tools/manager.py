@@ -388,6 +388,7 @@ class ToolManager:
                 rows.append({"backend": kind, "resource": "error", "error": exc.to_dict()})
                 continue
             rows += [r.to_dict() | {"age_s": max(now - r.created_at, 0.0)} for r in found]
+            # Engines that did not answer while others did: one row each.
             rows += [{"backend": kind, "resource": "error", "host": host,
                       "error": ToolError(Reason.ENGINE_DOWN, message).to_dict()}
                      for host, message in sorted(backend.hosts_down().items())]
@@ -414,8 +415,9 @@ class ToolManager:
             # A backend is down when none of its engines answers; hosts_down names each one.
             "backends_down": sorted(r["backend"] for r in rows
                                     if r["resource"] == "error" and not r.get("host")),
-            "hosts_down": sorted(r["host"] for r in rows if r.get("host")
-                                 and r["resource"] == "error"),
+            # Every engine that did not answer, also when none of its backend's did.
+            "hosts_down": sorted(self.hosts_down()),
+            "hosts": sorted(h for b in self._backends.values() for h in b.hosts()),
         }
 
     async def metrics(self) -> dict[str, Any]:

@@ -226,6 +226,9 @@ class ProcessBackend:
             _kill_group(pgid)
         await asyncio.to_thread(shutil.rmtree, resource.id, True)
 
+    def hosts(self) -> list[str]:
+        return []
+
     def hosts_down(self) -> dict[str, str]:
         return {}  # one local directory: it is never unreachable
 

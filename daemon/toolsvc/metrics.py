@@ -53,3 +53,7 @@ def _usage(usage: dict[str, Any], backends: list[str]) -> Iterator[Metric]:
     yield labelled_gauge(
         "agentd_tool_backend_up", "Whether a tool backend's engine answers", ["backend"],
         [([backend], int(backend not in usage["backends_down"])) for backend in backends])
+    yield labelled_gauge(
+        "agentd_tool_host_up", "Whether a Docker engine of the tool pools answered the last "
+        "listing", ["host"],
+        [([host], int(host not in usage.get("hosts_down", ()))) for host in usage.get("hosts", ())])

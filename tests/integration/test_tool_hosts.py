@@ -5,7 +5,9 @@ stopping the other."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,7 +19,10 @@ from tests.daemon_process import DaemonProcess
 from tests.docker_fixtures import SecondEngine
 from tests.tool_cleanup import remove_daemon_tools
 from tests.waiting import wait_for
+from tools import DockerHosts, reclaim
+from tools.base import Owner
 from tools.docker_backend import KEEPALIVE
+from tools.spec import parse_spec
 
 POOL_LABEL = "agentd.tool_pool"
 
@@ -75,6 +80,13 @@ def _orphan(client: docker.DockerClient, image: str, daemon_id: str, program: st
               "agentd.tool": "box", POOL_LABEL: "default"}
     return str(client.containers.run(image, KEEPALIVE, detach=True, network_mode="none",
                                      labels=labels).id)
+
+
+def _host_up(d: DaemonProcess, host: str) -> float | None:
+    for line in d.get("/metrics").text.splitlines():
+        if line.startswith(f'agentd_tool_host_up{{host="{host}"}} '):
+            return float(line.rsplit(" ", 1)[1])
+    return None
 
 
 def _cleanup(engines: dict[str, docker.DockerClient], d: DaemonProcess) -> None:
@@ -158,6 +170,9 @@ def test_one_host_down_does_not_stop_the_other(
         assert list(answer["hosts_down"]) == [b]
         errors = [r for r in d.get("/v1/tools").json()["data"] if r["resource"] == "error"]
         assert [(r["host"], r["error"]["reason"]) for r in errors] == [(b, "engine_down")]
+        # /metrics reports a listing at most USAGE_MAX_AGE_S old: wait for one that saw B.
+        wait_for(lambda: _host_up(d, b) == 0.0 and _host_up(d, a) == 1.0, 30,
+                 lambda: f"agentd_tool_host_up 0 for B, 1 for A: {_host_up(d, b)}")
 
         # B is back: the next gc reaches it and reclaims what it held.
         second_docker_engine.start()
@@ -166,6 +181,33 @@ def test_one_host_down_does_not_stop_the_other(
         assert answer["hosts_down"] == {}
         _use(d, "p3")  # loads (2, 0): the first program after B's return goes to B
         assert _placed(engines, "agentd-hosttest01") == {a: ["p1", "p2"], b: ["p3"]}
+        wait_for(lambda: _host_up(d, b) == 1.0, 30, "agentd_tool_host_up 1 for B again")
     finally:
         d.stop()
         _cleanup(engines, d)
+
+
+async def test_concurrent_placements_count_creations_in_flight(
+    busybox_image: str, engines: dict[str, docker.DockerClient],
+) -> None:
+    """Programs prepared at the same moment see the same engine counts; the creations in
+    flight split them. Two tools of one program prepared at once still share an engine."""
+    a, b = list(engines)
+    hosts = DockerHosts({"default": [a, b]})
+    spec = parse_spec({"name": "sh", "image": busybox_image})
+    other = parse_spec({"name": "sh2", "image": busybox_image})
+    me = f"place-{uuid.uuid4().hex[:6]}"
+    try:
+        envs = await asyncio.gather(hosts.create(Owner(me, "q1", "sh"), spec),
+                                    hosts.create(Owner(me, "q2", "sh"), spec))
+        assert sorted(e.host for e in envs) == sorted([a, b])
+        pair = await asyncio.gather(hosts.create(Owner(me, "q3", "sh"), spec),
+                                    hosts.create(Owner(me, "q3", "sh2"), other))
+        assert pair[0].host == pair[1].host
+        for env in [*envs, *pair]:  # each one runs where its label says, and answers there
+            assert engines[env.host].containers.get(env.id).labels["agentd.tool_host"] == env.host
+            assert (await hosts.exec(env, ["echo", env.owner.program_id], 30)).stdout == \
+                f"{env.owner.program_id}\n"
+    finally:
+        await reclaim.reconcile(me, [hosts], lambda: ())
+    assert await hosts.resources(me) == []
