@@ -65,6 +65,8 @@ class Ledger:
         return sorted(self._capacity)
 
     def demand(self, worker_id: str) -> float:
+        if not self._prefix:  # no prefix group booked (most plans): no generator to run
+            return self._members[worker_id]
         shared = sum(
             tokens
             for key, tokens in self._prefix.items()
