@@ -131,7 +131,10 @@ class KvView:
     config: KvConfig = field(default_factory=KvConfig)
 
     def program(self, program_id: str) -> ProgramView:
-        for program in self.programs:
+        # Newest last (the daemon's programs in creation order), and a policy is asked most
+        # about the newest: from the end, a new program is found at once instead of after
+        # every live one. A view holds each program once, so the order finds the same one.
+        for program in reversed(self.programs):
             if program.program_id == program_id:
                 return program
         raise KeyError(program_id)
