@@ -110,6 +110,9 @@ def listen_socket(host: str, port: int) -> socket.socket:
 
 def build_engine(args: argparse.Namespace) -> Any:
     if args.engine == "sim":
+        if args.tensor_parallel_size != 1:
+            raise CliError("--tensor-parallel-size is for vllm workers: the sim engine models "
+                           "one rank")
         from daemon.engines.sim.cost import load_cost_model
         from daemon.engines.sim.engine import SimEngine
 
@@ -132,6 +135,7 @@ def build_engine(args: argparse.Namespace) -> Any:
             dtype=args.dtype, enforce_eager=not args.no_enforce_eager,
             max_num_seqs=args.max_batch, tool_call_parser=args.tool_call_parser,
             chat_template=args.chat_template, kv_offload_bytes=args.kv_offload_bytes,
+            tensor_parallel_size=args.tensor_parallel_size,
         )
     except ValueError as exc:  # a setting that cannot work: one line, not a traceback
         raise CliError(str(exc)) from exc
@@ -217,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--cost-model", default="llama3-8b-h100",
                    help="sim: a shipped cost model name or a JSON file from `agentd calibrate`")
     w.add_argument("--kv-cache-bytes", type=int, default=256 * 1024 * 1024, help="vllm")
+    w.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="vllm on GPUs: split the model over this many of the visible GPUs")
     w.add_argument("--kv-offload-bytes", type=int, default=0,
                    help="vllm on a GPU: host memory for KV blocks evicted from the GPU")
     w.add_argument("--max-model-len", type=int, default=2048, help="vllm")

@@ -26,6 +26,9 @@ class PlacementSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     num_cpus: Annotated[float, msgspec.Meta(ge=0)] = 1.0
     num_gpus: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     resources: dict[str, Annotated[float, msgspec.Meta(ge=0)]] = {}
+    # A tensor-parallel vLLM worker: its ranks' resources (each num_cpus, num_gpus and
+    # resources above) are a placement group of this many bundles on one node (STRICT_PACK).
+    tensor_parallel_size: Annotated[int, msgspec.Meta(ge=1)] = 1
     # Ray restarts a worker actor whose process or node died this many times (-1: always).
     max_restarts: Annotated[int, msgspec.Meta(ge=-1)] = -1
     # Data-parallel replicas go to different nodes where they can (Ray's SPREAD strategy);
@@ -54,6 +57,9 @@ def problem(cfg: Config, settings: PlacementSettings) -> str | None:
     """Why this placement cannot work with this config, or None."""
     if settings.backend != "ray":
         return None
+    if settings.tensor_parallel_size > 1 and (cfg.engine != "vllm" or not settings.num_gpus):
+        return ("placement.tensor_parallel_size > 1 needs engine = \"vllm\" and "
+                "placement.num_gpus > 0: its ranks are GPUs")
     if not cfg.worker_bind.startswith("tcp://"):
         return ("placement backend 'ray' needs worker_bind = \"tcp://HOST:PORT\": workers on "
                 "other nodes cannot reach the default ipc socket")

@@ -7,6 +7,11 @@ actor failure and restarts within `max_restarts`; when the actor or its node die
 worker gets SIGTERM from the kernel (the parent-death signal of daemon/workers/local.py),
 so no worker outlives its actor. The worker key arrives as an argument and is written to
 a file only its owner can read, in a directory removed when the actor stops.
+
+A tensor-parallel worker's ranks are the bundles of its placement group, all on one node:
+the actor holds bundle 0 and a `RankHolder` actor holds each other bundle; the worker sees
+the GPUs Ray gave all of them (CUDA_VISIBLE_DEVICES), asked again at every (re)start,
+since a placement group moved to another node after a failure holds other GPUs there.
 """
 
 from __future__ import annotations
@@ -35,12 +40,33 @@ def node_name(node_id: str) -> str:
     return node_id
 
 
+class RankHolder:
+    """Holds one bundle of a tensor-parallel worker's placement group; says its GPUs."""
+
+    def gpus(self) -> list[str]:
+        return own_gpus()
+
+
+def own_gpus() -> list[str]:
+    return [str(g) for g in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
+
+
+def visible_gpus(rank_holders: list[Any]) -> list[str]:
+    """The GPUs of every rank of the worker: the caller's own, then each holder's."""
+    others = ray.get([holder.gpus.remote() for holder in rank_holders])
+    return [*own_gpus(), *(g for gpus in others for g in gpus)]
+
+
 class EngineWorkerActor:
     """Plain class; ray_placement.py wraps it with `ray.remote` and the options it needs."""
 
-    def __init__(self, worker_args: list[str], key: str) -> None:
+    def __init__(self, worker_args: list[str], key: str,
+                 rank_holders: list[Any] | None = None) -> None:
         self.node_id = ray.get_runtime_context().get_node_id()
         self.node = node_name(self.node_id)
+        self._env = {"PYTHONUNBUFFERED": "1", DAEMON_PID_ENV: str(os.getpid())}
+        if rank_holders:
+            self._env["CUDA_VISIBLE_DEVICES"] = ",".join(visible_gpus(rank_holders))
         self._dir = tempfile.mkdtemp(prefix="agentd-worker-")
         key_file = Path(self._dir) / "worker.key"
         key_file.touch(mode=0o600)
@@ -57,8 +83,7 @@ class EngineWorkerActor:
         started.wait()
 
     def _run(self, started: threading.Event) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", DAEMON_PID_ENV: str(os.getpid())}
-        self._proc = subprocess.Popen(self._cmd, env=env)
+        self._proc = subprocess.Popen(self._cmd, env={**os.environ, **self._env})
         started.set()
         code = self._proc.wait()
         if not self._stopping:
@@ -70,7 +95,8 @@ class EngineWorkerActor:
     def where(self) -> dict[str, Any]:
         """Where it runs, for the daemon's trace."""
         return {"node": self.node, "ray_node_id": self.node_id,
-                "pid": self._proc.pid if self._proc else 0}
+                "pid": self._proc.pid if self._proc else 0,
+                "gpus": self._env.get("CUDA_VISIBLE_DEVICES", ",".join(own_gpus()))}
 
     def stop(self) -> int | None:
         """Stop the worker as `agentd stop` would (SIGTERM), then kill it after a wait."""

@@ -3,6 +3,9 @@
 `[placement] backend = "ray"`: the daemon connects to the cluster as a Ray driver and
 creates one actor per data-parallel rank (`workers` of them), each reserving the CPUs,
 GPUs and custom resources of the [placement] table on its node, spread over the nodes.
+A tensor-parallel worker (`tensor_parallel_size` > 1) gets a placement group of that many
+bundles packed on one node (STRICT_PACK), its actor in bundle 0 and a rank holder in each
+other (daemon/workers/ray_actor.py).
 Ray restarts an actor whose process or node died (`max_restarts`), on any node with room;
 the restarted worker registers again under the same id, from its new node, and the
 daemon fails over what the lost one ran, as for any worker. The actors are the driver's
@@ -20,10 +23,12 @@ from typing import Any
 
 import ray
 from ray.exceptions import RayError
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from daemon.config import Config
 from daemon.workers.placement_settings import PlacementSettings, ray_address
-from daemon.workers.ray_actor import EngineWorkerActor
+from daemon.workers.ray_actor import EngineWorkerActor, RankHolder
 from daemon.workers.supervisor import worker_args
 
 log = logging.getLogger("agentd.placement")
@@ -42,6 +47,7 @@ class RayPlacement:
         self.on_event = on_event
         self.actors: dict[str, Any] = {}  # worker id -> actor handle
         self.nodes: dict[str, str] = {}  # worker id -> the Ray node id it last ran on
+        self.groups: dict[str, tuple[PlacementGroup, list[Any]]] = {}  # tensor-parallel ones
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -57,14 +63,21 @@ class RayPlacement:
 
     def _create(self, worker_id: str, rank: int) -> Any:
         s = self.settings
+        args = [*worker_args(self.cfg, self.connect, worker_id), "--dp-rank", str(rank)]
+        strategy: Any = "SPREAD" if s.spread else "DEFAULT"
+        holders: list[Any] = []
+        if s.tensor_parallel_size > 1:
+            group, holders = reserve_ranks(s, worker_id)
+            self.groups[worker_id] = (group, holders)
+            strategy = in_bundle(group, 0)
+            args += ["--tensor-parallel-size", str(s.tensor_parallel_size)]
         actor = ray.remote(EngineWorkerActor).options(
             name=worker_id, num_cpus=s.num_cpus, num_gpus=s.num_gpus,
             resources=dict(s.resources), max_restarts=s.max_restarts,
             # A call that meets a restart fails at once; the watch asks again next round.
-            max_task_retries=0, scheduling_strategy="SPREAD" if s.spread else "DEFAULT",
+            max_task_retries=0, scheduling_strategy=strategy,
         )
-        args = [*worker_args(self.cfg, self.connect, worker_id), "--dp-rank", str(rank)]
-        return actor.remote(args, self.key)
+        return actor.remote(args, self.key, holders)
 
     async def _watch(self, worker_id: str, rank: int) -> None:
         """Trace where each worker runs, and each move Ray made after a failure."""
@@ -87,7 +100,7 @@ class RayPlacement:
         kind = "worker.placed" if before is None else "worker.moved"
         log.info("%s: worker %s (rank %d) on node %s", kind, worker_id, rank, where["node"])
         self.on_event(kind, worker_id=worker_id, dp_rank=rank, node=where["node"],
-                      ray_node_id=where["ray_node_id"], pid=where["pid"])
+                      ray_node_id=where["ray_node_id"], pid=where["pid"], gpus=where["gpus"])
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -102,4 +115,30 @@ class RayPlacement:
             with contextlib.suppress(RayError):
                 ray.get(ref, timeout=15)
             ray.kill(self.actors[worker_id], no_restart=True)
+        for group, holders in self.groups.values():
+            for holder in holders:
+                ray.kill(holder, no_restart=True)
+            remove_placement_group(group)
         ray.shutdown()
+
+
+def bundle(s: PlacementSettings) -> dict[str, float]:
+    """One rank's resources (Ray refuses zero amounts in a bundle)."""
+    wanted = {"CPU": s.num_cpus, "GPU": s.num_gpus, **s.resources}
+    return {name: amount for name, amount in wanted.items() if amount > 0}
+
+
+def in_bundle(group: PlacementGroup, index: int) -> PlacementGroupSchedulingStrategy:
+    return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
+
+
+def reserve_ranks(s: PlacementSettings, worker_id: str) -> tuple[PlacementGroup, list[Any]]:
+    """A tensor-parallel worker's placement group, one bundle per rank on one node, and a
+    rank holder in each bundle but the first (the worker's actor takes that one)."""
+    group = placement_group([bundle(s)] * s.tensor_parallel_size, strategy="STRICT_PACK",
+                            name=f"{worker_id}-ranks")
+    holders = [ray.remote(RankHolder).options(
+        num_cpus=s.num_cpus, num_gpus=s.num_gpus, resources=dict(s.resources),
+        max_restarts=-1, scheduling_strategy=in_bundle(group, i)).remote()
+        for i in range(1, s.tensor_parallel_size)]
+    return group, holders

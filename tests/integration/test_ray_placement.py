@@ -8,6 +8,7 @@ Without Ray the test skips, saying why, unless AGENTD_REQUIRE_RAY=1 (CI): then i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -31,8 +32,9 @@ def _ray_missing(reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.fixture
-def ray_cluster() -> Iterator[tuple[Any, dict[str, Any]]]:
+@contextlib.contextmanager
+def local_cluster(**nodes: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """A head without CPUs (nothing is placed there) and these named nodes."""
     try:
         from ray.cluster_utils import Cluster
     except ImportError:
@@ -40,12 +42,18 @@ def ray_cluster() -> Iterator[tuple[Any, dict[str, Any]]]:
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 0, "node_name": "head", "include_dashboard": False})
     try:
-        nodes = {name: cluster.add_node(num_cpus=1, node_name=name,
-                                        resources={WORKER_RESOURCE: 1}) for name in NODES}
+        added = {name: cluster.add_node(node_name=name, **args) for name, args in nodes.items()}
         cluster.wait_for_nodes()
-        yield cluster, nodes
+        yield cluster, added
     finally:
         cluster.shutdown()  # type: ignore[no-untyped-call]
+
+
+@pytest.fixture
+def ray_cluster() -> Iterator[tuple[Any, dict[str, Any]]]:
+    with local_cluster(**{name: {"num_cpus": 1, "resources": {WORKER_RESOURCE: 1}}
+                          for name in NODES}) as cluster:
+        yield cluster
 
 
 def _config(tmp_path: Path, address: str) -> Path:
@@ -137,3 +145,31 @@ def test_workers_move_to_another_node_when_theirs_is_lost(
     events = d.get("/v1/events", params={"kind": "worker.placed,worker.moved"}).json()["data"]
     moves = [e for e in events if e["kind"] == "worker.moved"]
     assert moves and moves[-1]["data"]["node"] == spare, events
+
+
+def test_a_tensor_parallel_worker_gets_the_gpus_of_its_ranks_on_one_node() -> None:
+    """Ray's test nodes declare GPUs they do not have: enough to place, not to run vLLM.
+    A 2-way worker's ranks fit only on the two-GPU node; the worker's actor (bundle 0)
+    sees both ranks' GPUs, which is what its vLLM worker is given (ray_actor.py)."""
+    with local_cluster(**{"one-gpu": {"num_cpus": 2, "num_gpus": 1},
+                          "two-gpus": {"num_cpus": 2, "num_gpus": 2}}) as (cluster, nodes):
+        import ray
+
+        from daemon.workers.placement_settings import PlacementSettings
+        from daemon.workers.ray_actor import visible_gpus
+        from daemon.workers.ray_placement import in_bundle, reserve_ranks
+
+        ray.init(address=cluster.address, configure_logging=False)
+        try:
+            s = PlacementSettings(backend="ray", num_cpus=1, num_gpus=1, tensor_parallel_size=2)
+            group, holders = reserve_ranks(s, "tp-worker")
+            assert group.wait(60)
+            table = ray.util.placement_group_table(group)
+            assert table["strategy"] == "STRICT_PACK"
+            assert set(table["bundles_to_node_id"].values()) == {nodes["two-gpus"].node_id}
+            probe = ray.remote(visible_gpus).options(num_cpus=1, num_gpus=1,
+                                                     scheduling_strategy=in_bundle(group, 0))
+            gpus: list[str] = ray.get(probe.remote(holders), timeout=60)
+            assert sorted(gpus) == ["0", "1"]
+        finally:
+            ray.shutdown()

@@ -68,3 +68,11 @@ def test_a_negative_rank_is_refused_with_one_line(tcp_daemon: DaemonProcess) -> 
     assert out.returncode == 2
     assert "--dp-rank: must be >= 0, got -1" in out.stderr.strip().splitlines()[-1]
     assert tcp_daemon.get("/v1/workers").json()["data"] == []
+
+
+def test_a_sim_worker_refuses_tensor_parallelism_with_one_line(tcp_daemon: DaemonProcess) -> None:
+    out = subprocess.run(worker_cmd(tcp_daemon, "tp", "--tensor-parallel-size", "2"),
+                         env=tcp_daemon.process_env(), capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode != 0
+    assert "the sim engine models one rank" in out.stderr.strip().splitlines()[-1]

@@ -74,3 +74,18 @@ def test_the_cluster_address_comes_from_config_then_ray_address() -> None:
                        {"RAY_ADDRESS": "other:6379"}) == "10.0.0.1:6379"
     assert ray_address(PlacementSettings(), {"RAY_ADDRESS": "other:6379"}) == "other:6379"
     assert ray_address(PlacementSettings(), {}) == "auto"
+
+
+def test_tensor_parallel_ranks_are_vllm_gpus(tmp_path: Path) -> None:
+    ray = 'worker_bind = "tcp://10.0.0.5:7000"\n'
+    with pytest.raises(ConfigError, match="tensor_parallel_size > 1 needs engine"):
+        loaded(tmp_path, ray + '[placement]\nbackend = "ray"\ntensor_parallel_size = 2\n'
+                               'num_gpus = 1\n')  # engine sim
+    with pytest.raises(ConfigError, match="num_gpus > 0"):
+        loaded(tmp_path, ray + 'engine = "vllm"\n[placement]\nbackend = "ray"\n'
+                               'tensor_parallel_size = 2\n')
+    with pytest.raises(ConfigError, match=r"\$\.tensor_parallel_size"):
+        loaded(tmp_path, ray + '[placement]\ntensor_parallel_size = 0\n')
+    cfg = loaded(tmp_path, ray + 'engine = "vllm"\n[placement]\nbackend = "ray"\n'
+                                 'tensor_parallel_size = 4\nnum_gpus = 1\n')
+    assert parse(cfg.placement).tensor_parallel_size == 4

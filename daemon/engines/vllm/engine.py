@@ -75,7 +75,15 @@ class VllmEngine:
         tool_call_parser: str = "",
         chat_template: str = "",
         kv_offload_bytes: int = 0,
+        tensor_parallel_size: int = 1,
     ) -> None:
+        if tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
+        if tensor_parallel_size > 1 and on_cpu_build():
+            raise ValueError("tensor_parallel_size > 1 needs a GPU build of vLLM")
+        # Its ranks run on the GPUs this process sees (Ray placement makes them the GPUs of
+        # the worker's placement group, daemon/workers/ray_actor.py).
+        self._tensor_parallel_size = tensor_parallel_size
         if kv_offload_bytes < 0:
             raise ValueError(f"kv_offload_bytes must be >= 0, got {kv_offload_bytes}")
         if kv_offload_bytes and on_cpu_build():
@@ -135,6 +143,9 @@ class VllmEngine:
             enforce_eager=self._enforce_eager,
             load_format=self._load_format,
             max_num_seqs=self.max_batch,
+            tensor_parallel_size=self._tensor_parallel_size,
+            # ranks as processes on this node: the placement group keeps them on one node
+            distributed_executor_backend="mp" if self._tensor_parallel_size > 1 else None,
             enable_chunked_prefill=False if whole_prefill else None,
             max_num_batched_tokens=max(self._max_model_len, 2048) if whole_prefill else None,
             # Our stat logger is the only consumer; vLLM's periodic log lines are noise.
