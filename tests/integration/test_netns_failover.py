@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.daemon_process import _die_with_parent as die_with_parent
 from tests.netns import NetnsHosts, netns_hosts
 from tests.waiting import wait_for, wait_for_exit
 
@@ -67,7 +68,10 @@ class Cluster:
         log = open(self.data_dir / f"{name}.log", "wb")  # noqa: SIM115 - the process's
         self.procs.append(subprocess.Popen(
             ["ip", "netns", "exec", ns, sys.executable, "-m", "daemon.commands.cli", *args],
-            stdout=log, stderr=subprocess.STDOUT, env=self.env(), start_new_session=True))
+            stdout=log, stderr=subprocess.STDOUT, env=self.env(), start_new_session=True,
+            # `ip netns exec` execs the command: the signal is kept, so a test killed by a
+            # timeout leaves no daemon or worker behind.
+            preexec_fn=die_with_parent))
         log.close()
 
     def start_daemon(self) -> None:
