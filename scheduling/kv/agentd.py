@@ -190,7 +190,7 @@ class AgentdPolicy(ThunderAgentPolicy):
         plan = self._plan(view, now)
         if self.options.fair_resume:
             serve_overdue(plan, now, self.choose_worker, False, self.options.overdue_first)
-        self._place_queue(plan, now, release=False)
+        self._place_queue(plan, now, release=False, routing=True)
         result = placements(plan.decisions)
         self._placed = (now, view, result)
         return result
@@ -243,12 +243,26 @@ class AgentdPolicy(ThunderAgentPolicy):
             return super().choose_worker(plan, program)
         return min(fitting, key=lambda w: _restore_score(plan, w, program), default=None)
 
-    def _place_queue(self, plan: Plan, now: float, release: bool) -> None:
+    def _place_queue(self, plan: Plan, now: float, release: bool,
+                     routing: bool = False) -> None:
         """The global queue in `restore_key` order; a waiting program that fits
-        nowhere may, with `release`, take the room of programs past their hold."""
+        nowhere may, with `release`, take the room of programs past their hold.
+
+        `routing`: placing only to answer `route`, which is asked about programs with a
+        request waiting (`waiting`) alone. The paused programs without one that come after
+        the last of those in the order (all of them, in the built-in order: a program idle
+        in a tool, or a chat program held for its next turn, ranks last) cannot move any
+        answer, so they are not placed: with thousands of them, placing each on every
+        worker was most of a route's cost."""
         prior = fleet_tool_mean(plan.view)
-        queue = [p for p in plan.view.programs if p.status in WAITING]
-        for program in sorted(queue, key=self.restore_key):
+        queue = sorted((p for p in plan.view.programs if p.status in WAITING),
+                       key=self.restore_key)
+        if routing:
+            end = len(queue)
+            while end and not queue[end - 1].waiting:
+                end -= 1
+            del queue[end:]
+        for program in queue:
             if program.program_id not in plan.handled:
                 worker_id = self.choose_worker(plan, program)
                 if worker_id is None and release and self._may_release_for(program):

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from scheduling.kv import (
     Admit,
     AgentdOptions,
@@ -276,3 +279,49 @@ def test_headroom_bounds_release_on_demand_and_rebalancing_too() -> None:
     skewed = view(back, prog("idle", A, 400, worker="w1"), used=(600, 100))
     assert agentd().route(skewed, "a", NOW) == "w1"
     assert agentd(headroom=0.45).route(skewed, "a", NOW) == "w0"
+
+
+def _all_placed(policy: AgentdPolicy, v: KvView, now: float) -> dict[str, str]:
+    """Routing's placements with every paused program placed too (as before routing
+    left out those that no answer depends on)."""
+    from scheduling.kv.decisions import placements
+    from scheduling.kv.fairness import serve_overdue
+
+    plan = policy._plan(v, now)
+    if policy.options.fair_resume:
+        serve_overdue(plan, now, policy.choose_worker, False, policy.options.overdue_first)
+    policy._place_queue(plan, now, release=False)
+    return placements(plan.decisions)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), workers=st.integers(1, 4),
+       options=st.fixed_dictionaries({"cold_with_new": st.booleans(),
+                                      "spread_admission": st.booleans(),
+                                      "fair_resume": st.booleans(),
+                                      "migration_cost": st.booleans()}))
+def test_routing_answers_are_those_of_placing_every_paused_program(
+        data: st.DataObject, workers: int, options: dict[str, bool]) -> None:
+    """Route leaves out the paused programs without a request after the last one with a
+    request in the restore order; every program it answers for gets the same worker."""
+    kinds = st.sampled_from(["queued", "paused-pending", "paused-idle", "acting", "reasoning"])
+    programs = []
+    for i, kind in enumerate(data.draw(st.lists(kinds, min_size=1, max_size=14))):
+        tokens = data.draw(st.integers(50, 700))
+        worker = f"w{data.draw(st.integers(0, workers - 1))}"
+        if kind == "queued":
+            programs.append(prog(f"p{i}", Q, tokens))
+        elif kind.startswith("paused"):
+            programs.append(prog(
+                f"p{i}", P, tokens, worker, pending_request=kind == "paused-pending",
+                ready_since=NOW - data.draw(st.sampled_from([0.0, 5.0, 100.0])),
+                kv_resident=data.draw(st.sampled_from([None, True, False]))))
+        else:
+            programs.append(prog(f"p{i}", A if kind == "acting" else R, tokens, worker))
+    v = KvView(tuple(WorkerView(f"w{i}", 1000) for i in range(workers)), tuple(programs),
+               KvConfig())
+    policy = agentd(**options)
+    expected = _all_placed(policy, v, NOW)
+    for p in programs:
+        if p.waiting:
+            assert policy.route(v, p.program_id, NOW) == expected.get(p.program_id)
