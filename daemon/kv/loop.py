@@ -232,10 +232,11 @@ class ProgramViews:
         program's ready or running request, whose tokens its KV must hold."""
         out = []
         cache = self._cache
-        clock_of = self._tools.get
+        # No tool clock at all (no tool agentd runs): no lookup per program.
+        clock_of = self._tools.get if self._tools.count() else None
         paused = ProgramStatus.PAUSED
         for p in programs:
-            clock = clock_of(p.id)
+            clock = clock_of(p.id) if clock_of is not None else None
             hit = cache.get(p.id)
             # Unchanged since its view was built (so not held, not ended either), and with
             # nothing outside it: the common case, kept to the fewest operations.

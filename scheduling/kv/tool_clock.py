@@ -42,6 +42,10 @@ class ToolClocks:
     def get(self, program_id: str) -> ToolClock | None:
         return self._clocks.get(program_id)
 
+    def count(self) -> int:
+        """Programs with a clock: none while agentd runs no tool (the view skips lookups)."""
+        return len(self._clocks)
+
     def started(self, program_id: str, now: float) -> None:
         clock = self._clocks.setdefault(program_id, ToolClock())
         if clock.running == 0:
