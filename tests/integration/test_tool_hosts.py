@@ -6,7 +6,10 @@ stopping the other."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -61,10 +64,12 @@ def _placed(engines: dict[str, docker.DockerClient], daemon_id: str) -> dict[str
     """Program ids of the daemon's containers on each engine, checking each one's host label."""
     found = {}
     for host, client in engines.items():
-        containers = client.containers.list(
-            all=True, filters={"label": [f"agentd.daemon_id={daemon_id}"]})
-        assert all(c.labels["agentd.tool_host"] == host for c in containers)
-        found[host] = sorted(c.labels["agentd.program_id"] for c in containers)
+        # The engine's listing alone: no inspect per container, which a container being
+        # removed meanwhile would fail.
+        labels = [c["Labels"] for c in client.api.containers(
+            all=True, filters={"label": [f"agentd.daemon_id={daemon_id}"]})]
+        assert all(one["agentd.tool_host"] == host for one in labels)
+        found[host] = sorted(one["agentd.program_id"] for one in labels)
     return found
 
 
@@ -118,6 +123,10 @@ def test_placement_by_load_release_and_orphans_on_both_hosts(
         rows = d.get("/v1/tools").json()["data"]
         assert {(r["program_id"], r["host"]) for r in rows if r["resource"] == "container"} == {
             ("p1", b), ("p2", b), ("p3", a), ("p4", b)}
+        # A request's spec naming a pool that is not configured: a 400 naming the field.
+        r = d.post("/v1/programs/p2/tools/adhoc/exec", json={
+            "command": "true", "spec": {"image": busybox_image, "pool": "nope"}})
+        assert r.status_code == 400 and "pool: no tool pool named 'nope'" in r.text, r.text
 
         # Released: reclaimed on its host (p1's two containers and its volume on B).
         assert d.post("/v1/programs/p1/release").status_code == 200
@@ -168,6 +177,10 @@ def test_one_host_down_does_not_stop_the_other(
         answer = d.post("/v1/tools/gc", json={"dry_run": False}).json()
         assert [r["id"] for r in answer["data"]] == [orphan_a]
         assert list(answer["hosts_down"]) == [b]
+        ctl = subprocess.run([sys.executable, "-m", "console.agentctl", "tools", "gc", "--dry-run"],
+                             env={**os.environ, "AGENTD_URL": d.url, "AGENTD_TOKEN": d.token},
+                             capture_output=True, text=True, timeout=60)
+        assert ctl.returncode == 0 and f"skipped Docker engine {b} (does not answer" in ctl.stdout
         errors = [r for r in d.get("/v1/tools").json()["data"] if r["resource"] == "error"]
         assert [(r["host"], r["error"]["reason"]) for r in errors] == [(b, "engine_down")]
         # /metrics reports a listing at most USAGE_MAX_AGE_S old: wait for one that saw B.
