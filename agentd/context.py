@@ -37,6 +37,7 @@ from typing import Any
 
 import httpx
 
+from agentd import failover
 from agentd.runtime import LLM_TIMEOUT_S, Endpoint, LLMError, current
 
 
@@ -223,8 +224,9 @@ class Context:
         return result
 
     def _events(self, path: str, body: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-        """A streamed answer's server-sent events: (event, its JSON data)."""
-        url = f"{self._endpoint.base}{path}"
+        """A streamed answer's server-sent events: (event, its JSON data). Sent to the
+        daemon that answered last (a stream is not retried at another)."""
+        url = f"{failover.daemons(self._endpoint.base).current()}{path}"
         try:
             with _client().stream("POST", url, json=body, headers=self._endpoint.headers,
                                   timeout=LLM_TIMEOUT_S) as r:
@@ -379,8 +381,9 @@ class Context:
                  params: dict[str, str] | None = None) -> dict[str, Any]:
         url = f"{self._endpoint.base}{path}"
         try:
-            r = _client().request(method, url, json=body, params=params,
-                                  headers=self._endpoint.headers, timeout=LLM_TIMEOUT_S)
+            r = failover.daemons(self._endpoint.base).send(lambda base: _client().request(
+                method, f"{base}{path}", json=body, params=params,
+                headers=self._endpoint.headers, timeout=LLM_TIMEOUT_S))
         except httpx.HTTPError as exc:
             raise LLMError(f"agentd.Context: cannot reach {url}: {exc}") from exc
         if r.status_code == 404 and path.startswith("/contexts/snapshots/"):

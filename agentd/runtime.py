@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from agentd import failover
 from agentd.future import DependencyError, Future, find_futures, resolve
 from agentd.instances import ControlHost
 
@@ -241,9 +242,10 @@ class Runtime:
 
 
 def _chat(base: str, headers: dict[str, str], body: dict[str, Any]) -> str:
+    """`base`: one /v1 base URL, or several comma-separated (agentd/failover.py)."""
     try:
-        r = httpx.post(f"{base}/chat/completions", json=body, headers=headers,
-                       timeout=LLM_TIMEOUT_S)
+        r = failover.daemons(base).send(lambda b: httpx.post(
+            f"{b}/chat/completions", json=body, headers=headers, timeout=LLM_TIMEOUT_S))
     except httpx.HTTPError as exc:
         raise LLMError(f"agentd.llm: cannot reach {base}: {exc}") from exc
     if r.status_code >= 400:
@@ -257,7 +259,8 @@ def _chat(base: str, headers: dict[str, str], body: dict[str, Any]) -> str:
 
 def _first_model(base: str, headers: dict[str, str]) -> str:
     try:
-        data = httpx.get(f"{base}/models", headers=headers, timeout=30).json()["data"]
+        data = failover.daemons(base).send(lambda b: httpx.get(
+            f"{b}/models", headers=headers, timeout=30)).json()["data"]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
         raise LLMError(f"agentd.llm: cannot list models at {base}: {exc}") from exc
     if not data:
@@ -267,7 +270,8 @@ def _first_model(base: str, headers: dict[str, str]) -> str:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """An agentd daemon's /v1 base URL, the headers to send, the program and session its
+    """An agentd daemon's /v1 base URL (or several, comma-separated: an active daemon and
+    its standbys, agentd/failover.py), the headers to send, the program and session its
     calls run in (None: the daemon's choice), and the model (None: the first served)."""
 
     base: str
@@ -307,7 +311,7 @@ class LocalRuntime(Runtime):
                 "agentd.llm: no LLM endpoint in local mode; set AGENTD_URL to an "
                 "OpenAI-compatible server (e.g. http://127.0.0.1:8420 for agentd) and "
                 "AGENTD_TOKEN to its API token, or submit the workflow to a daemon")
-        base = url if url.endswith("/v1") else f"{url}/v1"
+        base = failover.v1_bases(url)
         token = os.environ.get("AGENTD_TOKEN") or os.environ.get("OPENAI_API_KEY")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         if model is None:
@@ -326,7 +330,7 @@ class LocalRuntime(Runtime):
                 "(e.g. http://127.0.0.1:8420) and AGENTD_TOKEN to its API token, or submit "
                 "the workflow to a daemon")
         token = os.environ.get("AGENTD_TOKEN") or os.environ.get("OPENAI_API_KEY")
-        return Endpoint(url if url.endswith("/v1") else f"{url}/v1",
+        return Endpoint(failover.v1_bases(url),
                         {"Authorization": f"Bearer {token}"} if token else {},
                         model=os.environ.get("AGENTD_MODEL") or self._model)
 

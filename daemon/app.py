@@ -38,6 +38,7 @@ from daemon.history.service import History
 from daemon.toolsvc.service import ToolService
 from daemon.workers import placement
 from db.engine import make_engine, make_sessionmaker, upgrade
+from db.lease import application_name, this_instance
 from db.writer import BatchWriter
 from webui import create_ui_router
 
@@ -62,7 +63,8 @@ class Daemon:
         cfg = self.config
         await asyncio.to_thread(data_dir.prepare, cfg)  # private before the first write
         await upgrade(cfg.db_url)
-        engine = make_engine(cfg.db_url)
+        # named, so that a standby taking the store's lease over fences them off (db/lease.py)
+        engine = make_engine(cfg.db_url, application_name(this_instance()))
         writer = BatchWriter(engine)
         writer.start()
         sessions = make_sessionmaker(engine)

@@ -62,10 +62,14 @@ def sync_url(url: str) -> str:
     return url.replace("+aiosqlite", "").replace("+asyncpg", "+psycopg")
 
 
-def make_engine(url: str) -> AsyncEngine:
+def make_engine(url: str, application_name: str = "") -> AsyncEngine:
+    """`application_name`: what PostgreSQL shows for its connections (a daemon names its
+    own, so that a standby taking over can fence them off: db/lease.py)."""
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         kwargs["connect_args"] = {"timeout": 30}
+    elif application_name and url.startswith("postgresql+asyncpg"):
+        kwargs["connect_args"] = {"server_settings": {"application_name": application_name}}
     engine = create_async_engine(url, **kwargs)
     if url.startswith("sqlite"):
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)

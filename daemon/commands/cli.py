@@ -63,6 +63,8 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     from daemon import config as config_mod
     from daemon.app import create_app
+    from daemon.standby import run as standby_run
+    from db.lease import supports_lease
 
     flags = {k: getattr(args, k) for k in
              ("host", "port", "db", "data_dir", "engine", "workers", "model", "log_format")}
@@ -70,19 +72,29 @@ def cmd_start(args: argparse.Namespace) -> int:
     setup_logging(cfg.log_level, cfg.log_format)
     # Bound before anything starts, so a port in use is one line and exit 1, and the
     # "serving on" line comes only once the address is ours.
+    if args.standby and not supports_lease(cfg.db_url):
+        raise CliError("--standby needs a PostgreSQL store (--db postgresql+asyncpg://...): "
+                       "an SQLite file has no lease another daemon could take over")
     sock = listen_socket(cfg.host, cfg.port)
     cfg.port = cfg.port or int(sock.getsockname()[1])  # port 0: the one the system chose
-    app = create_app(cfg)
-    server = uvicorn.Server(uvicorn.Config(
-        app, host=cfg.host, port=cfg.port, log_config=None, access_log=False,
-        lifespan="on", timeout_graceful_shutdown=10,
-    ))
+
+    def server_config(app: Any) -> uvicorn.Config:
+        return uvicorn.Config(app, host=cfg.host, port=cfg.port, log_config=None,
+                              access_log=False, lifespan="on", timeout_graceful_shutdown=10)
+
     # uvicorn re-raises the stop signal after its graceful shutdown; a no-op handler
     # underneath turns a clean SIGTERM/SIGINT stop into exit code 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    server.run(sockets=[sock])
-    if not server.started:
+    # on PostgreSQL: the store's lease first, waiting for it as a standby (daemon/standby/)
+    serving = standby_run.serve(cfg, args.standby, sock, lambda: listen_socket(cfg.host, cfg.port),
+                                lambda: create_app(cfg), server_config)
+    try:
+        with asyncio.Runner(loop_factory=server_config(None).get_loop_factory()) as runner:
+            started = runner.run(serving)
+    except standby_run.StartRefused as exc:
+        raise CliError(str(exc)) from exc
+    if not started:
         raise CliError(f"could not start on {cfg.base_url}; the log above says why")
     return 0
 
@@ -149,16 +161,22 @@ def _rank(text: str) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    import os
     from pathlib import Path
 
     from daemon.core import interpreter_tuning
-    from daemon.engines.worker import WorkerRuntime
+    from daemon.engines.worker import EndpointError, WorkerRuntime, endpoints
     from daemon.workers.key import WorkerKeyError, default_key_path, read_worker_key
 
     setup_logging(args.log_level, "plain")
     try:  # before the engine loads: a missing key should not cost a model load
         key = read_worker_key(Path(args.key_file) if args.key_file else default_key_path())
     except WorkerKeyError as exc:
+        raise CliError(str(exc)) from exc
+    args.connect = args.connect or [os.environ.get("AGENTD_CONNECT", "")]
+    try:
+        endpoints(args.connect)
+    except EndpointError as exc:
         raise CliError(str(exc)) from exc
     runtime = WorkerRuntime(build_engine(args), args.connect, args.worker_id, key=key,
                             node=args.node, dp_rank=args.dp_rank)
@@ -195,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host")
     s.add_argument("--port", type=int)
     s.add_argument("--db", help="SQLAlchemy URL (default: SQLite file in the data dir)")
+    s.add_argument("--standby", action="store_true",
+                   help="PostgreSQL only: answer 503 until the active daemon's store lease "
+                   "lapses, then take over")
     s.add_argument("--data-dir")
     s.add_argument("--engine", choices=["sim", "vllm"])
     s.add_argument("--workers", type=int, help="local workers to spawn")
@@ -205,7 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("worker", help="run one engine worker that connects to a daemon")
     w.add_argument("--engine", choices=["sim", "vllm"], default="sim")
-    w.add_argument("--connect", required=True, help="the daemon's worker endpoint (tcp:// or ipc://)")
+    w.add_argument("--connect", action="append", help="the daemon's worker endpoint "
+                   "(tcp:// or ipc://); several (repeated, or comma-separated: an active "
+                   "daemon and its standbys) are all tried, the worker registers with the one "
+                   "that answers (default: AGENTD_CONNECT)")
     w.add_argument("--worker-id")
     w.add_argument("--node", default="", help="the node it runs on, as the daemon shows it "
                    "and prices moves between nodes (default: the host name)")

@@ -6,6 +6,12 @@ daemon asked for. If the daemon goes away the worker keeps retrying to
 register, so a restarted daemon gets its workers back without operator action;
 a worker the daemon's supervisor started dies with that daemon instead
 (daemon/workers/local.py).
+A worker may be given several daemon endpoints (an active daemon and its standbys,
+daemon/standby/): its socket connects to all of them and sends only over connections that
+are up (ZMQ_IMMEDIATE). Only the daemon holding the store's lease binds its endpoint, so
+that is where it registers; when that daemon dies and a standby takes over and binds, the
+next heartbeat reaches the new daemon, which does not know the worker and asks it to
+register again, as a restarted daemon does.
 On a network endpoint the socket is a CurveZMQ client of a server key derived from the
 worker key (daemon/workers/curve.py); a daemon that fails the handshake (it holds another key,
 or does not encrypt) ends the worker with one line, as a refused registration does.
@@ -38,11 +44,29 @@ REGISTER_TIMEOUT_S = 5.0
 HANDSHAKE_FAILURES_TO_EXIT = 3
 
 
+class EndpointError(ValueError):
+    """A worker's daemon endpoints are missing or mixed."""
+
+
+def endpoints(connect: str | list[str]) -> list[str]:
+    """The daemon endpoints in `connect`: one, a comma-separated list, or a list of either.
+    All tcp:// or all ipc:// (one socket is encrypted or not as a whole)."""
+    given = [connect] if isinstance(connect, str) else connect
+    found = [e.strip() for item in given for e in item.split(",") if e.strip()]
+    if not found:
+        raise EndpointError("no daemon endpoint given (--connect tcp://HOST:PORT)")
+    if len({worker_curve.encrypts(e) for e in found}) > 1:
+        raise EndpointError("daemon endpoints must be all tcp:// or all ipc://, not both: "
+                            + ",".join(found))
+    return found
+
+
 class WorkerRuntime:
-    def __init__(self, engine: Engine, connect: str, worker_id: str | None = None,
+    def __init__(self, engine: Engine, connect: str | list[str], worker_id: str | None = None,
                  key: str = "", node: str = "", dp_rank: int | None = None) -> None:
         self.engine = engine
-        self.connect = connect
+        self.endpoints = endpoints(connect)
+        self.connect = ",".join(self.endpoints)  # as messages name it
         self.key = key  # the daemon's worker key (daemon/workers/key.py)
         # Its identity beside the id: the node it runs on (the host name unless its placer
         # names the node, as Ray placement does) and its data-parallel rank, if it has one.
@@ -64,10 +88,18 @@ class WorkerRuntime:
         die_with_daemon()  # before the engine loads: that can take a while
         await self.engine.start()
         try:
+            fresh = True
             while not self._stopping.is_set():
-                if await self._register():
+                if await self._register(fresh):
                     await self._serve()
+                    # Asked to register again (a restarted daemon, or a standby that took
+                    # over): over the same connection. A new socket would reconnect with
+                    # the same routing id while the daemon may still hold the old
+                    # connection, and the daemon refuses a second one with a live id
+                    # (daemon/workers/peers.py): its answer would go to the old one.
+                    fresh = False
                 else:
+                    fresh = True
                     await self._pause(1.0)
         finally:
             for task in self._tasks.values():
@@ -99,11 +131,14 @@ class WorkerRuntime:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, self.worker_id.encode())
         sock.setsockopt(zmq.LINGER, 0)
-        if worker_curve.encrypts(self.connect):
+        if len(self.endpoints) > 1:  # queue to the daemon that is up, not to one that is not
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+        if worker_curve.encrypts(self.endpoints[0]):  # all alike (`endpoints`)
             worker_curve.make_client(sock, self.key)
             self._monitor = sock.get_monitor_socket(
                 worker_curve.HANDSHAKE_FAILED_EVENTS | zmq.EVENT_HANDSHAKE_SUCCEEDED)
-        sock.connect(self.connect)
+        for endpoint in self.endpoints:
+            sock.connect(endpoint)
         self._sock = sock
         return sock
 
@@ -124,8 +159,8 @@ class WorkerRuntime:
                     "agentd without worker encryption); copy <config dir>/worker.key from "
                     "the daemon's host and pass --key-file")
 
-    async def _register(self) -> bool:
-        sock = self._new_socket()
+    async def _register(self, fresh: bool = True) -> bool:
+        sock = self._new_socket() if fresh or self._sock is None else self._sock
         reg = protocol.Register(
             worker_id=self.worker_id,
             engine=self.engine.engine,
@@ -168,7 +203,7 @@ class WorkerRuntime:
                 msg = protocol.decode_from_daemon(await sock.recv())
             except protocol.ProtocolError:
                 continue
-            if isinstance(msg, RegisterAck):
+            if isinstance(msg, RegisterAck) and msg.message != protocol.REGISTER_AGAIN:
                 return msg
         return None
 

@@ -37,7 +37,7 @@ log = logging.getLogger("agentd.broker")
 
 Handler = Callable[[bytes, protocol.WorkerMessage], Awaitable[None] | None]
 
-REGISTER_AGAIN = "unknown worker: register again"
+REGISTER_AGAIN = protocol.REGISTER_AGAIN
 READ_AT_ONCE = 256  # frames read without yielding to the event loop
 PEER_PING_S = 2.0
 PEER_TIMEOUT_S = 10.0  # answered by the peer's ZeroMQ I/O thread, not its event loop

@@ -225,6 +225,13 @@ class Finish(msgspec.Struct, frozen=True, tag="finish", kw_only=True):
 # --- daemon -> worker -------------------------------------------------------
 
 
+# A RegisterAck's message when the daemon does not know the sender of a message other than
+# a Register (it restarted, or is a standby that took over): the worker registers again.
+# Never the answer to a Register, so a worker waiting for one skips it (a late answer to
+# a heartbeat it sent before).
+REGISTER_AGAIN = "unknown worker: register again"
+
+
 class RegisterAck(msgspec.Struct, frozen=True, tag="register_ack", kw_only=True):
     accepted: bool
     message: str = ""
