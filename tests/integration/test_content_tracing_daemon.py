@@ -23,6 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from tests.daemon_process import DaemonProcess
+from tests.store_fixtures import DATABASES
 from tests.ui.webui_support import login
 
 MODEL = "sim-llama3-8b"
@@ -113,15 +114,23 @@ def requests_of(d: DaemonProcess, program: str) -> list[dict[str, Any]]:
     return list(get(d, f"/v1/programs/{program}")["requests"])
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+@pytest.fixture(scope="module", params=DATABASES)
+def world(request: pytest.FixtureRequest,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """On each store: content search (LIKE over JSON read as text), totals and exports."""
     tmp = tmp_path_factory.mktemp("content")
+    db, server = "", None
+    if request.param == "postgresql":
+        server = request.getfixturevalue("postgres_server")
+        name = server.create_database()
+        db = server.url(name)
     receiver = OtlpReceiver()
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
     (tmp / "agentd.toml").write_text(CONFIG.format(
         otlp_port=receiver.port, model=MODEL, prompt_price=PROMPT_PRICE,
         completion_price=COMPLETION_PRICE))
-    d = DaemonProcess(tmp / "data", extra_args=["--config", str(tmp / "agentd.toml")]).start()
+    d = DaemonProcess(tmp / "data", db=db,
+                      extra_args=["--config", str(tmp / "agentd.toml")]).start()
     try:
         started = time.time()
         reply = chat(d, "loud", "p-loud",
@@ -139,6 +148,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         d.stop()
         receiver.shutdown()
         receiver.server_close()
+        if server is not None:
+            server.drop_database(name)
 
 
 def test_a_tracing_tenant_s_request_shows_its_content_redacted_and_capped(
