@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import sqlite3
-from pathlib import Path
 
 from alembic import command
+from sqlalchemy import create_engine, text
+from sqlalchemy.pool import NullPool
 
-from db.engine import alembic_config
+from db.engine import alembic_config, sync_url
 
 OLD_SOURCE = """\
 from scheduling.ordering import OrderingPolicy
@@ -20,25 +20,30 @@ from scheduling.kv import KvPolicy  # unchanged
 """
 
 
-def _store(tmp_path: Path) -> tuple[str, Path]:
-    path = tmp_path / "agentd.db"
-    return f"sqlite+aiosqlite:///{path}", path
+def _source(url: str) -> str:
+    engine = create_engine(sync_url(url), poolclass=NullPool)
+    with engine.connect() as db:
+        source = db.execute(text("SELECT source FROM policy_versions")).scalar_one()
+    engine.dispose()
+    return str(source)
 
 
 def test_stored_sources_import_the_new_module_names_and_downgrade_restores(
-        tmp_path: Path) -> None:
-    url, path = _store(tmp_path)
+        store_url: str) -> None:
+    """On SQLite and on PostgreSQL: the migration rewrites rows, not only the schema."""
+    url = store_url
     cfg = alembic_config(url)
     command.upgrade(cfg, "0003")
-    with sqlite3.connect(path) as db:
-        db.execute("INSERT INTO policies (name, layer, active_version, created_at) "
-                   "VALUES ('mine', 'ordering', 1, 0)")
-        db.execute("INSERT INTO policy_versions (policy_name, version, source, author, status, "
-                   "validation_report, created_at) VALUES ('mine', 1, ?, '', 'active', '{}', 0)",
-                   (OLD_SOURCE,))
+    engine = create_engine(sync_url(url), poolclass=NullPool)
+    with engine.begin() as db:
+        db.execute(text("INSERT INTO policies (name, layer, active_version, created_at) "
+                        "VALUES ('mine', 'ordering', 1, 0)"))
+        db.execute(text("INSERT INTO policy_versions (policy_name, version, source, author,"
+                        " status, validation_report, created_at) VALUES ('mine', 1, :source,"
+                        " '', 'active', '{}', 0)"), {"source": OLD_SOURCE})
+    engine.dispose()
     command.upgrade(cfg, "head")
-    with sqlite3.connect(path) as db:
-        (source,) = db.execute("SELECT source FROM policy_versions").fetchone()
+    source = _source(url)
     assert "from scheduling.slo.ordering import OrderingPolicy" in source
     assert "import scheduling.agents.rules as rules" in source
     assert "from scheduling.layers import AdmissionPolicy" in source
@@ -47,6 +52,4 @@ def test_stored_sources_import_the_new_module_names_and_downgrade_restores(
     for name in re.findall(r"(?:from|import) (scheduling[\w.]*)", source):
         assert importlib.util.find_spec(name) is not None, name
     command.downgrade(cfg, "0003")
-    with sqlite3.connect(path) as db:
-        (source,) = db.execute("SELECT source FROM policy_versions").fetchone()
-    assert source == OLD_SOURCE
+    assert _source(url) == OLD_SOURCE
