@@ -233,12 +233,18 @@ class Core(ProgramLifecycle, WorkerHealth):
         if self._pumping:
             return
         self._pumping = True
+        self.kv.begin_step()
         try:
             decisions = dispatch(list(self.queue.parked), self.queue.ordered,
                                  self.slo.open_workers(), self._layers, self.clock())
             for decision in decisions:
                 self._apply(decision)
+                # A request parked stays as it was; anything else changed what the KV
+                # policy sees (a program dispatched, a request refused).
+                if not isinstance(decision, (Park, StillParked)):
+                    self.kv.step_changed()
         finally:
+            self.kv.end_step()
             self._pumping = False
 
     def _apply(self, decision: Decision) -> None:

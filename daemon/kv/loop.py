@@ -61,6 +61,13 @@ class KvControl:
         self.residency = KvResidency(residency)
         self._registered: dict[str, float] = {}
         self._views = ProgramViews(self.tools, self.residency)
+        # One dispatch step routes request after request (every parked one, then queue
+        # heads until the workers fill) against the same state: within a step the view is
+        # built once, and again only after the step applied a decision (the core's pump
+        # opens and closes the step). Building it for each route was O(live programs)
+        # times the requests waiting, on every pump.
+        self._step_open = False
+        self._step_view: KvView | None = None
 
     # --- the view ---------------------------------------------------------------
 
@@ -108,6 +115,16 @@ class KvControl:
                        reachable_tokens=report.reachable_tokens)
         return out
 
+    def begin_step(self) -> None:
+        self._step_open, self._step_view = True, None
+
+    def step_changed(self) -> None:
+        """The step applied a decision: the next route sees a fresh view."""
+        self._step_view = None
+
+    def end_step(self) -> None:
+        self._step_open, self._step_view = False, None
+
     # --- calls into the policy --------------------------------------------------
 
     def route(self, program: ProgramState, now: float | None = None) -> str | None:
@@ -115,7 +132,12 @@ class KvControl:
         if program.held:
             return None
         now = self.core.clock() if now is None else now
-        worker_id = self.policy.route(self.view(), program.id, now)
+        view = self._step_view
+        if view is None:
+            view = self.view()
+            if self._step_open:
+                self._step_view = view
+        worker_id = self.policy.route(view, program.id, now)
         if worker_id is not None and program.status in (ProgramStatus.QUEUED, ProgramStatus.PAUSED):
             kind = Admit if program.status == ProgramStatus.QUEUED else Restore
             self._record(kind(program.id, worker_id, "routed"), program)
