@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -123,6 +126,7 @@ def test_workers_move_to_another_node_when_theirs_is_lost(
         w["inflight"] for w in _workers(d).values()), 60, "requests running on the workers")
 
     lost = placed["ray-sim-0"]
+    removed_at = time.monotonic()
     cluster.remove_node(nodes[lost])
     [spare] = set(NODES) - set(placed.values())
 
@@ -131,6 +135,8 @@ def test_workers_move_to_another_node_when_theirs_is_lost(
         return w if w and w["status"] == "healthy" and w["node"] == spare else None
 
     w0 = wait_for(moved, 60, lambda: f"ray-sim-0 back on {spare}: {_workers(d)}\n{d.log()}")
+    print(f"node {lost} removed: ray-sim-0 serving again on {spare} after "
+          f"{time.monotonic() - removed_at:.2f} s")
     assert w0["dp_rank"] == 0 and w0["node"] != lost  # same worker, same rank, new node
     for program in programs:
         program.join(120)
@@ -173,3 +179,19 @@ def test_a_tensor_parallel_worker_gets_the_gpus_of_its_ranks_on_one_node() -> No
             assert sorted(gpus) == ["0", "1"]
         finally:
             ray.shutdown()
+
+
+def test_an_unreachable_cluster_fails_the_start_naming_the_address(tmp_path: Path) -> None:
+    """ray.init would retry a dead address for ever; the daemon stops at once instead."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        _ray_missing("ray is not installed (pip install -e '.[ray]')")
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    out = subprocess.run(
+        [sys.executable, "-m", "daemon.commands.cli", "start", "--port", "0", "--data-dir",
+         str(tmp_path / "data"), "--config", str(_config(tmp_path, dead))],
+        env={**os.environ, "AGENTD_CONFIG_DIR": str(tmp_path / "config")},
+        capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert f"placement.address {dead}: no Ray cluster answers there" in out.stderr
