@@ -28,6 +28,10 @@ def perfetto(record: dict[str, Any], now: float) -> dict[str, Any]:
     def us(t: float) -> float:
         return float(round((t - origin) * US, 3))
 
+    def dur(start: float, end: float) -> float:
+        # From the rounded ends, so a slice nested in another ends inside it exactly.
+        return round(us(end) - us(start), 3)
+
     tids = {p["id"]: n for n, p in enumerate(record["programs"], start=1)}
     events: list[dict[str, Any]] = [
         {"ph": "M", "name": "process_name", "pid": PID, "tid": SESSION_TID,
@@ -41,11 +45,12 @@ def perfetto(record: dict[str, Any], now: float) -> dict[str, Any]:
         events.append({"ph": "M", "name": "thread_sort_index", "pid": PID, "tid": tid,
                        "args": {"sort_index": tid}})
     for req in record["requests"]:
-        events.extend(_request_events(req, tids.get(req["program_id"], SESSION_TID), us, now))
+        events.extend(_request_events(req, tids.get(req["program_id"], SESSION_TID), us, dur,
+                                      now))
     for x in tool_execs(record["trace"], now):
         events.append({"ph": "X", "name": f"tool {x['tool']}", "cat": "tool", "pid": PID,
                        "tid": tids.get(x["program_id"], SESSION_TID), "ts": us(x["start"]),
-                       "dur": round((x["end"] - x["start"]) * US, 3),
+                       "dur": dur(x["start"], x["end"]),
                        "args": {"exec_id": x["exec_id"], "ok": x["ok"],
                                 "reason": x["reason"]}})
     for e in record["trace"]:
@@ -78,7 +83,7 @@ def tool_execs(trace: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
     return out
 
 
-def _request_events(req: dict[str, Any], tid: int, us: Any, now: float
+def _request_events(req: dict[str, Any], tid: int, us: Any, dur: Any, now: float
                     ) -> list[dict[str, Any]]:
     """The request's slice and, nested in it, its queue wait and its generation. A request
     still running ends at `now` in the file."""
@@ -90,13 +95,13 @@ def _request_events(req: dict[str, Any], tid: int, us: Any, now: float
     if req.get("content") is not None:
         args["completion"] = req["content"]["completion"]
     out = [{"ph": "X", "name": f"llm {req['model']}", "cat": "request", "pid": PID,
-            "tid": tid, "ts": us(start), "dur": round((end - start) * US, 3), "args": args}]
+            "tid": tid, "ts": us(start), "dur": dur(start, end), "args": args}]
     dispatched = req["dispatched_at"]
     if dispatched is not None:
         dispatched = min(max(dispatched, start), end)
         out.append({"ph": "X", "name": "queued", "cat": "phase", "pid": PID, "tid": tid,
-                    "ts": us(start), "dur": round((dispatched - start) * US, 3)})
+                    "ts": us(start), "dur": dur(start, dispatched)})
         out.append({"ph": "X", "name": "generate", "cat": "phase", "pid": PID, "tid": tid,
-                    "ts": us(dispatched), "dur": round((end - dispatched) * US, 3),
+                    "ts": us(dispatched), "dur": dur(dispatched, end),
                     "args": {"worker_id": req["worker_id"]}})
     return out
