@@ -159,6 +159,9 @@ class AgentdPolicy(ThunderAgentPolicy):
         # The last queue placement routing computed, with the view and time it is for:
         # one dispatch step routes every parked request against the same view.
         self._placed: tuple[float, KvView, dict[str, str]] | None = None
+        # The fleet's mean tool time of the last view asked: a plan asks it twice (its
+        # ledger's weights and the queue), and each time walked every live program.
+        self._prior: tuple[KvView, float] | None = None
 
     def decide(self, view: KvView, now: float) -> list[Decision]:
         plan = self._plan(view, now)
@@ -196,14 +199,14 @@ class AgentdPolicy(ThunderAgentPolicy):
         return result
 
     def weight(self, program: ProgramView, view: KvView, now: float) -> float:
-        return self._weight(program, view, now, fleet_tool_mean(view))
+        return self._weight(program, view, now, self._fleet_prior(view))
 
     def pause_key(self, program: ProgramView, view: KvView, now: float) -> Any:
-        return self._pause_key(program, now, fleet_tool_mean(view))
+        return self._pause_key(program, now, self._fleet_prior(view))
 
     def held(self, program: ProgramView, view: KvView, now: float) -> bool:
         """Is an ACTING `program` still inside its hold window?"""
-        return self._held(program, now, fleet_tool_mean(view))
+        return self._held(program, now, self._fleet_prior(view))
 
     def restore_key(self, program: ProgramView) -> Any:
         """`restore_order`, with still-cached programs first within a rank; with
@@ -254,7 +257,7 @@ class AgentdPolicy(ThunderAgentPolicy):
         in a tool, or a chat program held for its next turn, ranks last) cannot move any
         answer, so they are not placed: with thousands of them, placing each on every
         worker was most of a route's cost."""
-        prior = fleet_tool_mean(plan.view)
+        prior = self._fleet_prior(plan.view)
         queue = sorted((p for p in plan.view.programs if p.status in WAITING),
                        key=self.restore_key)
         if routing:
@@ -304,9 +307,16 @@ class AgentdPolicy(ThunderAgentPolicy):
         return plan.ledger.room_now(worker_id, low) >= plan.ledger.cost(worker_id, program)
 
     def _plan(self, view: KvView, now: float) -> Plan:
-        prior = fleet_tool_mean(view)
+        prior = self._fleet_prior(view)
         ledger = Ledger(view, lambda p: self._weight(p, view, now, prior), self.share_prefix)
         return Plan(view, ledger, lambda p: self._pause_key(p, now, prior))
+
+    def _fleet_prior(self, view: KvView) -> float:
+        """`fleet_tool_mean(view)`, once per view (a view never changes)."""
+        cached = self._prior
+        if cached is None or cached[0] is not view:
+            cached = self._prior = (view, fleet_tool_mean(view))
+        return cached[1]
 
     def _weight(self, program: ProgramView, view: KvView, now: float, prior: float) -> float:
         if program.status is not ProgramStatus.ACTING or program.acting_since is None:
