@@ -64,6 +64,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     from daemon import config as config_mod
     from daemon.app import create_app
     from daemon.standby import run as standby_run
+    from daemon.workers import placement_settings
     from db.lease import supports_lease
 
     flags = {k: getattr(args, k) for k in
@@ -75,6 +76,10 @@ def cmd_start(args: argparse.Namespace) -> int:
     if args.standby and not supports_lease(cfg.db_url):
         raise CliError("--standby needs a PostgreSQL store (--db postgresql+asyncpg://...): "
                        "an SQLite file has no lease another daemon could take over")
+    try:
+        placement_settings.check_at_start(cfg)
+    except placement_settings.PlacementError as exc:
+        raise CliError(str(exc)) from None
     sock = listen_socket(cfg.host, cfg.port)
     cfg.port = cfg.port or int(sock.getsockname()[1])  # port 0: the one the system chose
 

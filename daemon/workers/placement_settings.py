@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -69,3 +70,32 @@ def problem(cfg: Config, settings: PlacementSettings) -> str | None:
         return (f"placement.connect must be tcp://HOST:PORT with a host the Ray nodes reach, "
                 f"got {connect!r} (set it when worker_bind listens on every interface)")
     return None
+
+
+CONNECT_TIMEOUT_S = 10.0  # for the cluster's GCS port to accept a connection
+
+
+class PlacementError(RuntimeError):
+    """The Ray cluster cannot be used; the message says which setting and why."""
+
+
+def unreachable(address: str) -> str | None:
+    """Why nothing answers at a HOST:PORT Ray address, or None: ray.init would retry a dead
+    one for ever, in a thread nothing can stop. ("auto" and ray:// are Ray's to check.)
+    Blocking: `agentd start` asks before it serves, the placement from a thread."""
+    host, sep, port = address.rpartition(":")
+    if "://" in address or not sep or not port.isdigit():
+        return None
+    try:
+        socket.create_connection((host, int(port)), CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        return f"placement.address {address}: no Ray cluster answers there ({exc})"
+    return None
+
+
+def check_at_start(cfg: Config) -> None:
+    """PlacementError when the configured Ray cluster does not answer: `agentd start` says
+    so in one line before it serves, instead of failing in its startup."""
+    settings = parse(cfg.placement)
+    if settings.backend == "ray" and (problem := unreachable(ray_address(settings))):
+        raise PlacementError(problem)

@@ -27,19 +27,18 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from daemon.config import Config
-from daemon.workers.placement_settings import PlacementSettings, ray_address
+from daemon.workers.placement_settings import (
+    PlacementError,
+    PlacementSettings,
+    ray_address,
+    unreachable,
+)
 from daemon.workers.ray_actor import EngineWorkerActor, RankHolder
 from daemon.workers.supervisor import worker_args
 
 log = logging.getLogger("agentd.placement")
 
 WATCH_INTERVAL_S = 1.0  # how often the daemon asks each actor where it runs
-CONNECT_TIMEOUT_S = 10.0  # for the cluster's GCS port to accept a connection
-
-
-class PlacementError(RuntimeError):
-    """The Ray cluster cannot be used; the message says which setting and why."""
-
 ANSWER_TIMEOUT_S = 60.0  # an actor's first answer: Ray may need to start a worker process
 
 
@@ -58,7 +57,8 @@ class RayPlacement:
 
     async def start(self) -> None:
         address = ray_address(self.settings)
-        await check_reachable(address)
+        if (problem := await asyncio.to_thread(unreachable, address)) is not None:
+            raise PlacementError(problem)
         await asyncio.to_thread(ray.init, address=address, namespace=self.settings.namespace,
                                 log_to_driver=True, configure_logging=False)
         log.info("placing %d %s worker(s) on the Ray cluster at %s", self.cfg.workers,
@@ -127,22 +127,6 @@ class RayPlacement:
                 ray.kill(holder, no_restart=True)
             remove_placement_group(group)
         ray.shutdown()
-
-
-async def check_reachable(address: str) -> None:
-    """Fail at once when nothing listens at a HOST:PORT address: ray.init would retry it
-    for ever, in a thread that nothing can stop. ("auto" and ray:// are Ray's to check.)"""
-    host, sep, port = address.rpartition(":")
-    if "://" in address or not sep or not port.isdigit():
-        return
-    try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)),
-                                           CONNECT_TIMEOUT_S)
-    except (OSError, TimeoutError) as exc:
-        raise PlacementError(f"placement.address {address}: no Ray cluster answers there "
-                             f"({exc or 'timed out'})") from None
-    writer.close()
-    await writer.wait_closed()
 
 
 def bundle(s: PlacementSettings) -> dict[str, float]:
