@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,7 @@ log = logging.getLogger("agentd.placement")
 
 WATCH_INTERVAL_S = 1.0  # how often the daemon asks each actor where it runs
 ANSWER_TIMEOUT_S = 60.0  # an actor's first answer: Ray may need to start a worker process
+NAME_FREE_TIMEOUT_S = 30.0  # for a killed leftover actor's name to be free again
 
 
 class RayPlacement:
@@ -84,6 +86,7 @@ class RayPlacement:
             # A call that meets a restart fails at once; the watch asks again next round.
             max_task_retries=0, scheduling_strategy=strategy,
         )
+        take_name(worker_id)
         return actor.remote(args, self.key, holders)
 
     async def _watch(self, worker_id: str, rank: int) -> None:
@@ -127,6 +130,25 @@ class RayPlacement:
                 ray.kill(holder, no_restart=True)
             remove_placement_group(group)
         ray.shutdown()
+
+
+def take_name(name: str) -> None:
+    """Free the actor name `name` in this namespace: an actor holding it is a previous
+    daemon's (one that died, whose driver Ray has not cleaned up yet, or one this daemon
+    took the store's lease over from), and its worker must not serve on: killed. Ray frees
+    the name once the actor is dead, which takes a moment."""
+    deadline = time.monotonic() + NAME_FREE_TIMEOUT_S
+    while True:
+        try:
+            leftover = ray.get_actor(name)
+        except ValueError:  # no actor of that name: free
+            return
+        if time.monotonic() > deadline:
+            raise PlacementError(f"the Ray actor name {name!r} is still held by another "
+                                 f"actor after {NAME_FREE_TIMEOUT_S:.0f} s")
+        log.warning("killing the leftover worker actor %s of an earlier daemon", name)
+        ray.kill(leftover, no_restart=True)
+        time.sleep(0.2)
 
 
 def bundle(s: PlacementSettings) -> dict[str, float]:

@@ -153,6 +153,35 @@ def test_workers_move_to_another_node_when_theirs_is_lost(
     assert moves and moves[-1]["data"]["node"] == spare, events
 
 
+def test_a_daemon_replaces_an_earlier_daemons_worker_actor(
+        ray_cluster: tuple[Any, dict[str, Any]], daemon_factory: Callable[..., DaemonProcess],
+        tmp_path: Path) -> None:
+    """An actor holding a worker's name, as an earlier daemon's worker actor does until Ray
+    cleans up after that daemon (a standby takes over within seconds of a kill -9), is
+    killed and the daemon's own worker placed under the name."""
+    import ray
+
+    from daemon.workers.ray_actor import RankHolder  # any actor class the nodes can import
+
+    cluster, _ = ray_cluster
+    ray.init(address=cluster.address, namespace="agentd", configure_logging=False)
+    try:
+        squatter: Any = ray.remote(RankHolder).options(
+            name="ray-sim-0", lifetime="detached", num_cpus=0).remote()
+        assert ray.get(squatter.gpus.remote(), timeout=60) == []
+        d = daemon_factory(workers=1,
+                           extra_args=["--config", str(_config(tmp_path, cluster.address))])
+        d.start(timeout=120)
+        assert "killing the leftover worker actor ray-sim-0" in d.log()
+        assert _workers(d)["ray-sim-0"]["status"] == "healthy"
+        client = openai.OpenAI(base_url=f"{d.url}/v1", api_key=d.token, max_retries=0)
+        out = client.chat.completions.create(model=MODEL, max_tokens=4, messages=[
+            {"role": "user", "content": "hello"}])
+        assert out.usage is not None and out.usage.completion_tokens == 4
+    finally:
+        ray.shutdown()
+
+
 def test_a_tensor_parallel_worker_gets_the_gpus_of_its_ranks_on_one_node() -> None:
     """Ray's test nodes declare GPUs they do not have: enough to place, not to run vLLM.
     A 2-way worker's ranks fit only on the two-GPU node; the worker's actor (bundle 0)
