@@ -7,6 +7,7 @@ daemon's batched writer running on it.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -36,6 +37,21 @@ def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
     name = postgres_server.create_database()
     yield postgres_server.url(name)
     postgres_server.drop_database(name)
+
+
+@contextlib.contextmanager
+def module_db(request: pytest.FixtureRequest) -> Iterator[str]:
+    """For a module-scoped daemon fixture parametrized over DATABASES: the daemon's `--db`,
+    "" (its SQLite file) or a PostgreSQL database of its own, dropped afterwards."""
+    if request.param == "sqlite":
+        yield ""
+        return
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    name = server.create_database()
+    try:
+        yield server.url(name)
+    finally:
+        server.drop_database(name)
 
 
 @pytest.fixture(params=DATABASES)

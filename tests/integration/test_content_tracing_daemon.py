@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,7 +24,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from tests.daemon_process import DaemonProcess
-from tests.store_fixtures import DATABASES
+from tests.store_fixtures import DATABASES, module_db
 from tests.ui.webui_support import login
 
 MODEL = "sim-llama3-8b"
@@ -118,12 +119,11 @@ def requests_of(d: DaemonProcess, program: str) -> list[dict[str, Any]]:
 def world(request: pytest.FixtureRequest,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     """On each store: content search (LIKE over JSON read as text), totals and exports."""
-    tmp = tmp_path_factory.mktemp("content")
-    db, server = "", None
-    if request.param == "postgresql":
-        server = request.getfixturevalue("postgres_server")
-        name = server.create_database()
-        db = server.url(name)
+    with module_db(request) as db:
+        yield from _world(tmp_path_factory.mktemp("content"), db)
+
+
+def _world(tmp: Path, db: str) -> Iterator[World]:
     receiver = OtlpReceiver()
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
     (tmp / "agentd.toml").write_text(CONFIG.format(
@@ -148,8 +148,6 @@ def world(request: pytest.FixtureRequest,
         d.stop()
         receiver.shutdown()
         receiver.server_close()
-        if server is not None:
-            server.drop_database(name)
 
 
 def test_a_tracing_tenant_s_request_shows_its_content_redacted_and_capped(

@@ -18,7 +18,7 @@ from daemon.access import auth
 from daemon.app import create_app
 from daemon.config import Config
 from tests.daemon_process import DaemonProcess
-from tests.store_fixtures import DATABASES
+from tests.store_fixtures import DATABASES, module_db
 from tests.ui.webui_support import csrf_of, login
 from tests.waiting import wait_for
 
@@ -94,11 +94,11 @@ def _run(d: DaemonProcess, token: str, body: dict[str, Any]) -> dict[str, Any]:
 def world(request: pytest.FixtureRequest,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     """Tenants A and B on a daemon on each store: SQLite, and a PostgreSQL database."""
-    db, server = "", None
-    if request.param == "postgresql":
-        server = request.getfixturevalue("postgres_server")
-        name = server.create_database()
-        db = server.url(name)
+    with module_db(request) as db:
+        yield from _world(tmp_path_factory, db)
+
+
+def _world(tmp_path_factory: pytest.TempPathFactory, db: str) -> Iterator[World]:
     d = DaemonProcess(tmp_path_factory.mktemp("tenants") / "data", db=db,
                       env={"AGENTD_CONTENT_TRACING": "true"}).start()
     try:
@@ -126,8 +126,6 @@ def world(request: pytest.FixtureRequest,
         yield World(d, a, b, run["id"], r.json()["id"], b_request, login(d, a))
     finally:
         d.stop()
-        if server is not None:
-            server.drop_database(name)
 
 
 # --- the walk -----------------------------------------------------------------------

@@ -21,7 +21,7 @@ from sqlalchemy.pool import NullPool
 from db import models
 from db.engine import sync_url
 from tests.daemon_process import DaemonProcess
-from tests.store_fixtures import DATABASES
+from tests.store_fixtures import DATABASES, module_db
 from tests.ui.webui_support import login, require_ui, run_program, text_of
 
 NEWER = 1050
@@ -53,25 +53,20 @@ def add_sessions(url: str, n: int, after: float) -> None:
 def daemon(request: pytest.FixtureRequest,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     """A daemon on each store: its SQLite file, or a PostgreSQL database of its own."""
-    db, server = "", None
-    if request.param == "postgresql":
-        server = request.getfixturevalue("postgres_server")
-        name = server.create_database()
-        db = server.url(name)
-    d = DaemonProcess(data_dir=tmp_path_factory.mktemp("sessions") / "data", workers=1, db=db)
-    d.start()
-    try:
-        require_ui(d)
-        run_program(d, "needle-p", NEEDLE)
-        created = d.get(f"/v1/sessions/{NEEDLE}").json()["created_at"]
-        d.stop()
-        add_sessions(d.db_url, NEWER, created)
+    with module_db(request) as db:
+        d = DaemonProcess(data_dir=tmp_path_factory.mktemp("sessions") / "data", workers=1,
+                          db=db)
         d.start()
-        yield d
-    finally:
-        d.stop()
-        if server is not None:
-            server.drop_database(name)
+        try:
+            require_ui(d)
+            run_program(d, "needle-p", NEEDLE)
+            created = d.get(f"/v1/sessions/{NEEDLE}").json()["created_at"]
+            d.stop()
+            add_sessions(d.db_url, NEWER, created)
+            d.start()
+            yield d
+        finally:
+            d.stop()
 
 
 def sessions(d: DaemonProcess, **params: object) -> dict[str, object]:
