@@ -50,10 +50,6 @@ def _code(r: httpx.Response) -> str | None:
     return str(error.get("code")) if isinstance(error, dict) else None
 
 
-def is_standby(r: httpx.Response) -> bool:
-    return _code(r) == "standby"
-
-
 def refused_before_running(r: httpx.Response, failing_over: bool) -> bool:
     """A standby's answer; or, with several addresses, a daemon's that has no worker yet
     (it has just taken over: its workers are registering). Nothing ran: safe to resend."""

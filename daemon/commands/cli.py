@@ -170,7 +170,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from daemon.core import interpreter_tuning
-    from daemon.engines.worker import EndpointError, WorkerRuntime, endpoints
+    from daemon.engines.worker import EndpointError, WorkerRuntime
     from daemon.workers.key import WorkerKeyError, default_key_path, read_worker_key
 
     setup_logging(args.log_level, "plain")
@@ -178,13 +178,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
         key = read_worker_key(Path(args.key_file) if args.key_file else default_key_path())
     except WorkerKeyError as exc:
         raise CliError(str(exc)) from exc
-    args.connect = args.connect or [os.environ.get("AGENTD_CONNECT", "")]
     try:
-        endpoints(args.connect)
+        runtime = WorkerRuntime(build_engine(args),
+                                args.connect or [os.environ.get("AGENTD_CONNECT", "")],
+                                args.worker_id, key=key, node=args.node, dp_rank=args.dp_rank)
     except EndpointError as exc:
         raise CliError(str(exc)) from exc
-    runtime = WorkerRuntime(build_engine(args), args.connect, args.worker_id, key=key,
-                            node=args.node, dp_rank=args.dp_rank)
     # A worker's full collections delay every answer it streams, as the daemon's would.
     interpreter_tuning.settle_after_startup()
 
