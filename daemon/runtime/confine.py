@@ -31,7 +31,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -43,6 +43,7 @@ from daemon.config import Config
 from daemon.runtime import procs
 from daemon.runtime.cgroups import PidsCgroups
 from daemon.runtime.sandbox import landlock
+from daemon.runtime.zygote import REPORT_FD, Forked, ForkServer, ForkServerError
 
 log = logging.getLogger("agentd.confine")
 
@@ -52,6 +53,7 @@ PROBE_TIMEOUT_S = 30.0
 ALWAYS = ("rlimits",)
 NAMESPACES = ("user", "mnt", "net")  # the kinds a sandbox reports (daemon/runtime/sandbox/entry.py)
 Event = Callable[..., None]
+Process = asyncio.subprocess.Process | Forked  # a sandbox: exec'd, or forked by the server
 
 
 @dataclass
@@ -66,6 +68,11 @@ class Confinement:
     uids: set[int] = field(default_factory=set)
     audit_hook: bool = True
     landlock_abi: int = 0
+    fork_server: ForkServer | None = None  # None: each sandbox is exec'd
+
+    def __post_init__(self) -> None:
+        if self.config.runtime_fork_server:
+            self.fork_server = ForkServer()
 
     @property
     def daemon_address(self) -> tuple[str, int]:
@@ -185,6 +192,7 @@ async def _probe_once(box: Confinement) -> dict[str, Any]:
     try:
         with await asyncio.to_thread(open, root / "probe.log", "wb") as log_file:
             proc = await jail.spawn(root, work, log_file, env, probe=True)
+            assert isinstance(proc, asyncio.subprocess.Process)  # a probe is always exec'd
             try:
                 stdout, _ = await asyncio.wait_for(
                     proc.communicate(json.dumps({"limits": limits}).encode()), PROBE_TIMEOUT_S)
@@ -233,7 +241,7 @@ class Jail:
         self.cgroup: Path | None = None
         self.relay_path: Path | None = None
         self.relay: asyncio.AbstractServer | None = None
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: Process | None = None
         self.work: Path | None = None
         self.killed_for: str | None = None
         self.marks: dict[str, int] = {}  # namespace type -> inode that marks the run's processes
@@ -243,36 +251,70 @@ class Jail:
         self._supervisor: asyncio.Task[None] | None = None
 
     async def spawn(self, root: Path, work: Path, stderr: IO[bytes], env: dict[str, str],
-                    probe: bool = False) -> asyncio.subprocess.Process:
+                    probe: bool = False) -> Process:
+        """The sandbox, forked by the fork server (exec'd for a probe, when the config turns
+        the server off, or when it failed): waiting for its spec on stdin."""
         self.work = work
-        report_fd = -1
         try:
-            conf = await self._prepare(root, work)
-            read_fd, write_fd = os.pipe()
-            report_fd, report_write_fd = os.pipe()
-            conf = {**conf, "probe": probe, "report_fd": report_write_fd}
-            os.write(write_fd, json.dumps(conf).encode())
-            os.close(write_fd)
-            argv = [sys.executable, "-I", "-m", "daemon.runtime.sandbox",
-                    "--confine-fd", str(read_fd)]
-            try:
-                self.proc = await asyncio.create_subprocess_exec(
-                    *argv, *(["--probe"] if probe else []), cwd=work, env=self._env(env),
-                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                    stderr=stderr, start_new_session=True, pass_fds=(read_fd, report_write_fd))
-            finally:
-                os.close(read_fd)
-                os.close(report_write_fd)
+            conf = {**await self._prepare(root, work), "probe": probe}
+            env = self._env(env)
+            proc: Process | None = None
+            server = None if probe else self.box.fork_server
+            if server is not None:
+                try:
+                    proc, report_fd = await self._start(
+                        conf, lambda confine_fd, report_write_fd: server.spawn(
+                            work, env, stderr.fileno(), confine_fd, report_write_fd),
+                        report_at=REPORT_FD)
+                except ForkServerError as exc:
+                    log.warning("run %s: the fork server failed (%s); exec'ing its sandbox",
+                                self.run_id, exc)
+            if proc is None:
+                proc, report_fd = await self._start(
+                    conf, lambda confine_fd, report_write_fd: self._exec(
+                        work, env, stderr, confine_fd, report_write_fd, probe))
+            self.proc = proc
             # Now the sandbox waits for its spec on stdin, so this pid is surely it.
-            self.started = procs.start_time(self.proc.pid)
+            self.started = procs.start_time(proc.pid)
         except BaseException:
-            if report_fd >= 0:
-                os.close(report_fd)
             await self._close()
             raise
-        self._supervisor = asyncio.create_task(self._supervise(self.proc, report_fd),
+        self._supervisor = asyncio.create_task(self._supervise(proc, report_fd),
                                                name=f"jail-{self.run_id}")
-        return self.proc
+        return proc
+
+    async def _start(self, conf: dict[str, Any],
+                     launch: Callable[[int, int], Awaitable[Process]],
+                     report_at: int | None = None) -> tuple[Process, int]:
+        """Hand the layers to a sandbox `launch` starts (given the confinement pipe's and
+        the report pipe's child ends): the report's fd as the child sees it is `report_at`
+        where the fork server moves it, else the same number. Answers the process and the
+        report's read end."""
+        read_fd, write_fd = os.pipe()
+        report_fd, report_write_fd = os.pipe()
+        try:
+            conf = {**conf, "report_fd": report_write_fd if report_at is None else report_at}
+            os.write(write_fd, json.dumps(conf).encode())
+            os.close(write_fd)
+            write_fd = -1
+            proc = await launch(read_fd, report_write_fd)
+        except BaseException:
+            os.close(report_fd)
+            raise
+        finally:
+            for fd in (read_fd, report_write_fd, write_fd):
+                if fd >= 0:
+                    os.close(fd)
+        return proc, report_fd
+
+    async def _exec(self, work: Path, env: dict[str, str], stderr: IO[bytes], confine_fd: int,
+                    report_fd: int, probe: bool) -> asyncio.subprocess.Process:
+        argv = [sys.executable, "-I", "-m", "daemon.runtime.sandbox", "--confine-fd",
+                str(confine_fd), *(["--probe"] if probe else [])]
+        return await asyncio.create_subprocess_exec(
+            *argv, cwd=work, env=env, stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=stderr, start_new_session=True,
+            pass_fds=(confine_fd, report_fd))
 
     async def _prepare(self, root: Path, work: Path) -> dict[str, Any]:
         if "uid" in self.layers:
@@ -354,7 +396,7 @@ class Jail:
             self.on_event("run.confined", layers=layers, uid=self.uid,
                           not_active=self.box.missing)
 
-    async def _supervise(self, proc: asyncio.subprocess.Process, report_fd: int) -> None:
+    async def _supervise(self, proc: Process, report_fd: int) -> None:
         try:
             report = await asyncio.to_thread(self._take_report, report_fd)
             if report is not None:
@@ -372,7 +414,7 @@ class Jail:
                 self.on_event("run.reaped", processes_killed=killed, forks_refused=refused)
             await self._close()
 
-    async def _watch_disk(self, proc: asyncio.subprocess.Process) -> None:
+    async def _watch_disk(self, proc: Process) -> None:
         """No tmpfs quota: measure the working directory and stop the run past its quota.
         It can overshoot by what the run writes in one interval (RLIMIT_FSIZE bounds each
         file); the tmpfs quota cannot."""

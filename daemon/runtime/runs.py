@@ -57,6 +57,7 @@ from daemon.runtime import confine, run_records
 from daemon.runtime.bundle_tools import INSUFFICIENT_SCOPE
 from daemon.runtime.bundles import BundleError, Signature, TenantBundles
 from daemon.runtime.gpus import visible_gpus
+from daemon.runtime.zygote import BASE_ENV, Forked
 from daemon.state import ProgramStatus
 from db import models, tokens
 
@@ -106,7 +107,7 @@ def bounded_event(data: dict[str, Any]) -> dict[str, Any] | None:
     return cut if len(json.dumps(cut, default=repr)) <= MAX_EVENT_BYTES else None
 
 
-async def exchange(proc: asyncio.subprocess.Process, spec: bytes, limit: int) -> bytes | None:
+async def exchange(proc: confine.Process, spec: bytes, limit: int) -> bytes | None:
     """Send the sandbox its spec, then read its stdout to the end and wait for it to exit:
     what it wrote, or None as soon as it wrote more than `limit` bytes (never holding
     more than `limit` plus one chunk)."""
@@ -161,7 +162,7 @@ class Run:
     events: list[dict[str, Any]] = field(default_factory=list)
     event_bytes: int = 0  # the JSON size of `events`
     changed: asyncio.Event = field(default_factory=asyncio.Event)
-    proc: asyncio.subprocess.Process | None = None
+    proc: confine.Process | None = None
     task: asyncio.Task[None] | None = None
     workdir: Path | None = None
 
@@ -319,9 +320,7 @@ class RunController:
         return secret
 
     def sandbox_env(self, run: Run, secret: str, gpus: float) -> dict[str, str]:
-        return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
-                "MALLOC_ARENA_MAX": "2", "PYTHONUNBUFFERED": "1",
-                "AGENTD_RUN_ID": run.id, "AGENTD_PROGRAM_ID": run.program_id,
+        return {**BASE_ENV, "AGENTD_RUN_ID": run.id, "AGENTD_PROGRAM_ID": run.program_id,
                 "AGENTD_SESSION_ID": run.session_id, "AGENTD_DAEMON_URL": self.base_url,
                 "AGENTD_RUN_TOKEN": secret, "AGENTD_GPUS": f"{gpus:g}",
                 "AGENTD_RESOURCE_WAIT_S": f"{self.core.config.runtime_resource_wait_s:g}"}
@@ -343,7 +342,8 @@ class RunController:
                 proc, jail = await self._start_sandbox(run, root, log_file, secret)
             run.proc, run.pid = proc, proc.pid
             run.status, run.started_at = "running", time.time()
-            self.trace(run, "run.started", pid=proc.pid, limits=run.limits)
+            self.trace(run, "run.started", pid=proc.pid, limits=run.limits,
+                       start="fork" if isinstance(proc, Forked) else "exec")
             reply = await self._reply(run, proc, json.dumps(spec).encode())
             # The jail reaps what the run left behind and traces it; the run ends after that.
             with contextlib.suppress(TimeoutError):
@@ -364,7 +364,7 @@ class RunController:
         await self._finish(run, outcome)
 
     async def _start_sandbox(self, run: Run, root: Path, log_file: IO[bytes], secret: str
-                             ) -> tuple[asyncio.subprocess.Process, confine.Jail]:
+                             ) -> tuple[confine.Process, confine.Jail]:
         """The sandbox's start parameters: its kernel-level confinement (a uid of its own,
         pids cgroup, namespaces, Landlock, disk quota or watchdog) is confine.Jail's."""
         box = await confine.confinement(self.core.config, self.base_url)
@@ -373,7 +373,7 @@ class RunController:
         proc = await jail.spawn(root, root / "work", log_file, env)
         return proc, jail
 
-    async def _reply(self, run: Run, proc: asyncio.subprocess.Process, spec: bytes
+    async def _reply(self, run: Run, proc: confine.Process, spec: bytes
                      ) -> bytes | dict[str, Any]:
         """What the sandbox wrote on its result channel; or, when the daemon had to kill
         it (past its wall-clock limit, or writing more than a result may take), why."""

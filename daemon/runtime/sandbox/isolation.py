@@ -63,10 +63,25 @@ def _dirs(paths: set[str]) -> list[str]:
     return sorted({os.path.realpath(p) for p in paths if p and os.path.isdir(p)})
 
 
+# What a run imports after confinement: the SDK and the pure scheduling code it uses.
+SDK_PACKAGES = ("agentd", "scheduling")
+
+
+def package_dirs(names: tuple[str, ...] = SDK_PACKAGES) -> list[str]:
+    """The packages' directories, found without importing them."""
+    dirs = []
+    for name in names:
+        spec = importlib.util.find_spec(name)
+        dirs += list(spec.submodule_search_locations or []) if spec is not None else []
+    return dirs
+
+
 def install_roots() -> list[str]:
-    """The interpreter's installation: prefixes, stdlib, site dirs, and the SDK."""
+    """The interpreter's installation: prefixes, stdlib, site dirs, this sandbox's own code
+    and the packages a run imports (SDK_PACKAGES)."""
     paths = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    paths |= {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(__file__).parent)}
+    paths |= {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(__file__).parent),
+              *package_dirs()}
     return _dirs(paths)
 
 
@@ -241,7 +256,7 @@ def check_code_readable() -> None:
     """The files a run imports are readable: the stdlib, the SDK, a third-party package."""
     spec = importlib.util.find_spec("httpx")
     files = [os.path.join(sysconfig.get_paths()["stdlib"], "os.py"),
-             str(Path(__file__).with_name("runtime.py")),
+             *(os.path.join(d, "__init__.py") for d in package_dirs()),
              spec.origin if spec is not None and spec.origin else ""]
     for path in files:
         with open(path, "rb") as f:
