@@ -60,7 +60,7 @@ def _submit(d: DaemonProcess, session: str, **args: Any) -> str:
 def _started(d: DaemonProcess, session: str) -> dict[str, Any]:
     [started] = [e["data"] for e in wait_for_trace(d, session, "run.started")
                  if e["kind"] == "run.started"]
-    return started
+    return dict(started)
 
 
 def _parent(pid: int) -> int:
