@@ -52,6 +52,17 @@ class Forked:
         return await asyncio.shield(self._exited)
 
 
+class _ReadToEnd(asyncio.StreamReaderProtocol):
+    """A child's stdout: its transport closes at the end (a socket's would stay half open)."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        super().__init__(reader)
+
+    def eof_received(self) -> bool:
+        super().eof_received()
+        return False
+
+
 class ForkServer:
     def __init__(self) -> None:
         self._proc: asyncio.subprocess.Process | None = None
@@ -154,33 +165,36 @@ class ForkServer:
         """A sandbox in `work` with `env`; `stderr`, `confine_fd` and `report_fd` are the
         daemon's descriptors for the child's fds 2, 3 and 4 (the caller closes them)."""
         loop = asyncio.get_running_loop()
-        stdin_r, stdin_w = os.pipe()
-        stdout_r, stdout_w = os.pipe()
+        # Socket pairs, not pipes: uvloop (which the daemon's server runs on) closes a pipe's
+        # fd and then the file object holding it, a second close() of a number another
+        # thread may have opened meanwhile (seen as EBADF on /proc and SQLite I/O errors);
+        # a socket it detaches instead.
+        stdin, child_stdin = socket.socketpair()
+        stdout, child_stdout = socket.socketpair()
         try:
             async with self._on(loop):  # one request in flight: answers come in order
                 sock = await self._ensure()
                 pid_fut: asyncio.Future[int] = loop.create_future()
                 self._pending.append(pid_fut)
-                socket.send_fds(sock, [b"spawn"],
-                                [stdin_r, stdout_w, stderr, confine_fd, report_fd])
+                socket.send_fds(sock, [b"spawn"], [child_stdin.fileno(), child_stdout.fileno(),
+                                                   stderr, confine_fd, report_fd])
                 pid = await pid_fut
         except BaseException:
-            os.close(stdin_w)
-            os.close(stdout_r)
+            stdin.close()
+            stdout.close()
             raise
         finally:
-            os.close(stdin_r)  # the child's ends: it holds them now
-            os.close(stdout_w)
+            child_stdin.close()  # the child holds them now
+            child_stdout.close()
         exited: asyncio.Future[int] = loop.create_future()
         if pid in self._early:
             exited.set_result(self._early.pop(pid))
         else:
             self._exits[pid] = exited
         reader = asyncio.StreamReader()
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
-                                     os.fdopen(stdout_r, "rb", 0))
-        transport, protocol = await loop.connect_write_pipe(
-            asyncio.streams.FlowControlMixin, os.fdopen(stdin_w, "wb", 0))
+        await loop.connect_accepted_socket(lambda: _ReadToEnd(reader), stdout)
+        transport, protocol = await loop.connect_accepted_socket(
+            asyncio.streams.FlowControlMixin, stdin)
         writer = asyncio.StreamWriter(transport, protocol, None, loop)
         # The run's own place and environment, first on its stdin (see the server's module).
         writer.write(json.dumps({"cwd": str(work), "env": env}).encode() + b"\n")

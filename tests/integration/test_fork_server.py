@@ -9,8 +9,12 @@ another; `runtime_fork_server = false` exec's each sandbox as before.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -150,3 +154,62 @@ def test_turned_off_each_sandbox_is_execd(tmp_path: Path) -> None:
         assert _started(daemon, "exec-one")["start"] == "exec"
     finally:
         daemon.stop()
+
+
+# Eight sandboxes forked on uvloop, the daemon's loop, each given its spec and read to its end.
+SPAWNS = """\
+import asyncio, json, os, sys
+import uvloop
+from daemon.runtime.zygote import REPORT_FD, ForkServer
+
+work = sys.argv[1]
+env = {"PATH": "/usr/bin:/bin", "AGENTD_DAEMON_URL": "http://127.0.0.1:9", "AGENTD_RUN_ID": "r",
+       "AGENTD_PROGRAM_ID": "p", "AGENTD_SESSION_ID": "s", "AGENTD_RUN_TOKEN": "t"}
+
+async def one(server, log):
+    confine_r, confine_w = os.pipe()
+    report_r, report_w = os.pipe()
+    os.write(confine_w, json.dumps({"layers": [], "report_fd": REPORT_FD}).encode())
+    os.close(confine_w)
+    try:
+        proc = await server.spawn(__import__("pathlib").Path(work), env, log, confine_r, report_w)
+    finally:
+        os.close(confine_r)
+        os.close(report_w)
+    proc.stdin.write(json.dumps({"entry": "mod:main", "args": {}}).encode())
+    await proc.stdin.drain()
+    proc.stdin.close()
+    out = await proc.stdout.read()
+    await proc.wait()
+    os.close(report_r)
+    return json.loads(out)
+
+async def main():
+    server = ForkServer()
+    with open(os.path.join(work, "log"), "wb") as log:
+        return await asyncio.gather(*(one(server, log.fileno()) for _ in range(8)))
+
+print(json.dumps(uvloop.run(main())))
+"""
+
+
+def test_each_descriptor_is_closed_once_on_the_daemons_loop(tmp_path: Path) -> None:
+    """uvloop (the daemon's loop) closes a pipe transport's fd and then the file object
+    holding it: a second close() of a number another thread may have opened meanwhile
+    (the daemon saw EBADF on /proc and SQLite I/O errors under 32 runs started at once).
+    Under strace, no close() of the server's spawns may fail."""
+    strace = shutil.which("strace")
+    if strace is None:
+        pytest.skip("strace is not installed (.ci/run installs it)")
+    (tmp_path / "mod.py").write_text("def main():\n    return 7\n")
+    (tmp_path / "spawns.py").write_text(SPAWNS)
+    trace = tmp_path / "strace.out"
+    done = subprocess.run([strace, "-f", "-qq", "-e", "trace=close", "-e", "status=failed",
+                           "-o", str(trace), sys.executable, str(tmp_path / "spawns.py"),
+                           str(tmp_path)], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0 and "ptrace" in done.stderr:
+        pytest.skip(f"strace cannot trace here: {done.stderr.strip()[:200]}")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [{"ok": True, "result": 7}] * 8
+    failed = [line for line in trace.read_text().splitlines() if "EBADF" in line]
+    assert failed == [], f"{len(failed)} descriptors closed twice: {failed[:4]}"
