@@ -231,14 +231,16 @@ def program_args(agent: Agent, tag: str, output_tokens: int, final_tokens: int) 
 async def run_programs(d: DaemonProcess, agents: Sequence[Agent], tag: str, phase: Phase,
                        output_tokens: int, final_tokens: int) -> None:
     async with httpx.AsyncClient(base_url=d.url, headers=d.auth_headers(), timeout=60) as http:
-        ids = []
-        for n, agent in enumerate(agents):
+        async def submit(n: int, agent: Agent) -> str:
             r = await http.post("/v1/runs", json={
                 "workflow": WORKFLOW, "session_id": f"{tag}-{n}",
                 "args": program_args(agent, f"{tag}-{n}", output_tokens, final_tokens)})
             if r.status_code != 201:
                 raise RuntimeError(f"POST /v1/runs: {r.status_code} {r.text}")
-            ids.append(r.json()["id"])
+            return str(r.json()["id"])
+
+        # all at once, as the chat modes start their agents
+        ids = await asyncio.gather(*(submit(n, a) for n, a in enumerate(agents)))
         views: dict[str, dict[str, Any]] = {}
         while len(views) < len(ids):  # the runs' own stamps give the times, not this poll
             await asyncio.sleep(0.25)
@@ -347,7 +349,7 @@ def run_contexts_client(d: DaemonProcess, agents: Sequence[Agent], tag: str, pha
 def run_phase(d: DaemonProcess, mode: str, agents: Sequence[Agent], rnd: int,
               output_tokens: int, final_tokens: int) -> Phase:
     phase = Phase(mode, len(agents), rnd)
-    tag = f"r{rnd}-c{len(agents)}-{mode}"
+    tag = f"{f'r{rnd}' if rnd >= 0 else 'warm'}-c{len(agents)}-{mode}"
     if mode == "program":
         asyncio.run(run_programs(d, agents, tag, phase, output_tokens, final_tokens))
     elif mode == "contexts-client":
@@ -418,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=str(DEFAULT_SMOLLM2_DIR), help="the vLLM worker's")
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="skip the unrecorded first agent of each mode")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 1 round, 4 and 8 agents (vllm: 2 and 4)")
     args = p.parse_args(argv)
@@ -447,6 +451,17 @@ def main(argv: list[str] | None = None) -> int:
                                               "entry": "main:main"})
             if r.status_code != 201:
                 raise RuntimeError(f"POST /v1/workflows: {r.status_code} {r.text}")
+            if args.warmup:
+                # One agent of each mode, not recorded: the first phase otherwise pays what
+                # any first use does (the engine's first shapes, the sandbox fork server).
+                warm = make_agents(pool, 1, args.seed * 1000 + 999,
+                                   system_words=args.system_words,
+                                   observation_words=args.observation_words,
+                                   tool_scale=args.tool_scale, tool_cap_s=args.tool_cap_s)
+                for mode in modes:
+                    run_phase(d, mode, warm, -1, args.output_tokens, args.final_tokens)
+                log(f"[bench-contexts {clock.elapsed():5.0f}s] warmed up: one agent a mode, "
+                    "not recorded")
             for rnd in range(args.rounds):
                 for c in concurrencies:
                     agents = make_agents(pool, c, args.seed * 1000 + rnd * 100 + c,
@@ -471,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
               "concurrency": concurrencies, "seed": args.seed, "tool_scale": args.tool_scale,
               "tool_cap_s": args.tool_cap_s, "system_words": args.system_words,
               "observation_words": args.observation_words, "output_tokens": args.output_tokens,
-              "final_tokens": args.final_tokens, "engine": args.engine,
+              "final_tokens": args.final_tokens, "engine": args.engine, "warmup": args.warmup,
               "kv_tokens": args.kv_tokens, "summary": summary,
               **({"sim_cost_model": args.cost_model, "sim_time_scale": args.time_scale,
                   "simulated": True} if args.engine == "sim"
