@@ -7,7 +7,12 @@
 #   HAVE_FILE     package names the GPU machine's python3 already has, one per line or comma
 #                 separated (there: `python3 -m pip list --format=freeze | cut -d= -f1`)
 #   VLLM_VERSION  default 0.24.0: the release that pins torch 2.11.0 built for CUDA 13, which is
-#                 what the lent H100/H200 machines carry; it must match the machine's torch
+#                 what the lent H100/H200 machines carry; it must match the machine's torch.
+#                 Tried on an H200 on 2026-11-28: it installs (6 parts, 98 s), but agentd's
+#                 worker no longer starts on it: daemon/engines/vllm/tools.py needs vLLM 0.32's
+#                 module layout (vllm.entrypoints.generate.base, vllm.parser). vLLM 0.32 pins
+#                 torch 2.13, which such a machine lacks, so a GPU run needs that torch (and its
+#                 nvidia-* libraries) in the bundle too, or code that also takes 0.24's layout
 #   PART_SIZE     default 58M (split -b syntax)
 # Needs a Python 3.12 (the GPU machine's) as python3.12 on PATH or under ~/.pyenv.
 #
