@@ -255,6 +255,7 @@ class Jail:
         """The sandbox, forked by the fork server (exec'd for a probe, when the config turns
         the server off, or when it failed): waiting for its spec on stdin."""
         self.work = work
+        report_fd = -1
         try:
             conf = {**await self._prepare(root, work), "probe": probe}
             env = self._env(env)
@@ -266,7 +267,7 @@ class Jail:
                         conf, lambda confine_fd, report_write_fd: server.spawn(
                             work, env, stderr.fileno(), confine_fd, report_write_fd),
                         report_at=REPORT_FD)
-                except ForkServerError as exc:
+                except (ForkServerError, OSError) as exc:
                     log.warning("run %s: the fork server failed (%s); exec'ing its sandbox",
                                 self.run_id, exc)
             if proc is None:
@@ -277,6 +278,8 @@ class Jail:
             # Now the sandbox waits for its spec on stdin, so this pid is surely it.
             self.started = procs.start_time(proc.pid)
         except BaseException:
+            if report_fd >= 0:
+                os.close(report_fd)
             await self._close()
             raise
         self._supervisor = asyncio.create_task(self._supervise(proc, report_fd),

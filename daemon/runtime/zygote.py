@@ -2,9 +2,8 @@
 
 `ForkServer.spawn` starts a sandbox as a fork of a process that already imported what a
 sandbox needs, instead of a fresh `python -I -m daemon.runtime.sandbox`: about 0.2 s of CPU
-less per run, measured in `bench/README.md` (bench-contexts). It answers a `Forked`, which
-has what `Jail` and `RunController` use of an `asyncio.subprocess.Process`: `pid`,
-`returncode`, `wait()`, `stdin`, `stdout`.
+less per run. It answers a `Forked`, which has what `Jail` and `RunController` use of an
+`asyncio.subprocess.Process`: `pid`, `returncode`, `wait()`, `stdin`, `stdout`.
 
 The server is started on first use and again after it died. Its children are its own, so
 their exit codes come from it; if it dies, those of its children still running are killed
@@ -55,9 +54,6 @@ class Forked:
 class _ReadToEnd(asyncio.StreamReaderProtocol):
     """A child's stdout: its transport closes at the end (a socket's would stay half open)."""
 
-    def __init__(self, reader: asyncio.StreamReader) -> None:
-        super().__init__(reader)
-
     def eof_received(self) -> bool:
         super().eof_received()
         return False
@@ -72,12 +68,7 @@ class ForkServer:
         self._early: dict[int, int] = {}  # exit codes that came before their pid was taken
         self._lock: asyncio.Lock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._reader: asyncio.Task[None] | None = None
-
-    @property
-    def pid(self) -> int | None:
-        """The server's pid while it runs."""
-        return self._proc.pid if self._sock is not None and self._proc is not None else None
+        self._reader: asyncio.Task[None] | None = None  # held, or the loop may collect it
 
     def _on(self, loop: asyncio.AbstractEventLoop) -> asyncio.Lock:
         """This loop's lock; a server started on another loop (an earlier one, in tests
