@@ -206,10 +206,14 @@ async def test_concurrent_placements_count_creations_in_flight(
     """Programs prepared at the same moment see the same engine counts; the creations in
     flight split them. Two tools of one program prepared at once still share an engine."""
     a, b = list(engines)
-    hosts = DockerHosts({"default": [a, b]})
-    spec = parse_spec({"name": "sh", "image": busybox_image})
-    other = parse_spec({"name": "sh2", "image": busybox_image})
     me = f"place-{uuid.uuid4().hex[:6]}"
+    # A pool of its own: load counts every live container of the pool on an engine, and
+    # the engines' "default" pool may still hold other tests' containers (the fresh-clone
+    # run found both creations on the emptier engine).
+    pool = me.replace("-", "")
+    hosts = DockerHosts({pool: [a, b]})
+    spec = parse_spec({"name": "sh", "image": busybox_image, "pool": pool})
+    other = parse_spec({"name": "sh2", "image": busybox_image, "pool": pool})
     try:
         envs = await asyncio.gather(hosts.create(Owner(me, "q1", "sh"), spec),
                                     hosts.create(Owner(me, "q2", "sh"), spec))
