@@ -106,6 +106,7 @@ class ForkServer:
 
     async def _read(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
+        stopping = False
         try:
             while message := await loop.sock_recv(sock, 256):
                 kind, _, rest = message.decode().partition(" ")
@@ -129,10 +130,13 @@ class ForkServer:
                         waiting.set_exception(ForkServerError(rest))
         except OSError:
             pass
+        except asyncio.CancelledError:  # the daemon is stopping: nothing was lost
+            stopping = True
+            raise
         finally:
-            self._lost(sock)
+            self._lost(sock, warn=not stopping)
 
-    def _lost(self, sock: socket.socket) -> None:
+    def _lost(self, sock: socket.socket, warn: bool = True) -> None:
         """The server ended: fail what waits on it; kill the children it can no longer
         report on (their ends would never be known), so that each run ends."""
         if self._sock is sock:
@@ -148,7 +152,7 @@ class ForkServer:
             if not fut.done():
                 fut.set_result(-signal.SIGKILL)
         self._exits.clear()
-        if self._proc is not None and self._proc.returncode is None:
+        if warn:
             log.warning("sandbox fork server lost; the next run starts another")
 
     async def spawn(self, work: Path, env: dict[str, str], stderr: int, confine_fd: int,
