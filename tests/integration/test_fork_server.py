@@ -25,14 +25,15 @@ import pytest
 from tests.daemon_process import DaemonProcess
 from tests.waiting import session_trace, wait_for_trace
 
-# `hold_s`: the run stays alive that long (the tests that need it alive cancel it after).
+# `hold`: the run stays alive until the test ends it (a cancel, or its server killed).
 WORKFLOW = """\
 import os
-import time
+import threading
 
 
-def main(marker: str, hold_s: float = 0.0) -> dict:
-    time.sleep(hold_s)
+def main(marker: str, hold: bool = False) -> dict:
+    if hold:
+        threading.Event().wait()
     return {"marker": marker, "cwd": os.getcwd(), "pid": os.getpid(),
             "run": os.environ["AGENTD_RUN_ID"], "env": sorted(os.environ)}
 """
@@ -116,7 +117,7 @@ def test_the_server_holds_nothing_of_a_live_run(d: DaemonProcess) -> None:
     if os.geteuid() != 0:
         pytest.skip("reading another process's memory needs root")
     marker = "fork-secret-" + os.urandom(8).hex()
-    run_id = _submit(d, "fork-live", marker=marker, hold_s=120)
+    run_id = _submit(d, "fork-live", marker=marker, hold=True)
     sandbox = int(_started(d, "fork-live")["pid"])
     server = _parent(sandbox)
     assert _is_server(server), f"the sandbox's parent {server} is not the fork server"
@@ -132,7 +133,7 @@ def test_the_server_holds_nothing_of_a_live_run(d: DaemonProcess) -> None:
 
 def test_a_killed_server_ends_its_run_and_the_next_run_starts_another(
         d: DaemonProcess) -> None:
-    run_id = _submit(d, "fork-lost", marker="lost", hold_s=120)
+    run_id = _submit(d, "fork-lost", marker="lost", hold=True)
     sandbox = int(_started(d, "fork-lost")["pid"])
     server = _parent(sandbox)
     assert _is_server(server)
