@@ -29,7 +29,7 @@ log = logging.getLogger("agentd.zygote")
 # The sandboxes' fixed environment (daemon/runtime/runs.py adds each run's own).
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
             "MALLOC_ARENA_MAX": "2", "PYTHONUNBUFFERED": "1"}
-CONFINE_FD, REPORT_FD = 3, 4  # the child's: daemon/runtime/sandbox/zygote.py
+REPORT_FD = 4  # where the child finds its report pipe: daemon/runtime/sandbox/zygote.py
 
 
 class ForkServerError(RuntimeError):

@@ -6,16 +6,17 @@ process pays them once and forks a sandbox per run; the child then does exactly 
 exec'd sandbox does (daemon/runtime/sandbox/entry.py: confine itself, then run the entry).
 
 It holds nothing of any run. It is started with the sandboxes' fixed environment, and a
-request carries only the five pipe ends the child is to use. The run's environment and
+request carries only the five descriptors the child is to use. The run's environment and
 working directory reach the child as the first line of its own stdin, and the spec after
-it, written by the daemon straight into the pipe: never through this process, whose
+it, written by the daemon straight into that socket: never through this process, whose
 memory every later child inherits. It stays single-threaded, so that a child may unshare a
 user namespace as an exec'd sandbox does.
 
 Protocol on FD (a SOCK_SEQPACKET socketpair end): the daemon sends b"spawn" with the fds
-[stdin, stdout, stderr, confine, report] (SCM_RIGHTS); this answers b"pid N"; when a child
-ends, b"exit N CODE" (CODE negative: the signal, as subprocess reports it). End of file on
-FD: the daemon is gone, so this exits; its children run on to their own ends.
+[stdin, stdout (socket pairs), stderr (the run's log), confine, report (pipes)] (SCM_RIGHTS);
+this answers b"pid N"; when a child ends, b"exit N CODE" (CODE negative: the signal, as
+subprocess reports it). End of file on FD: the daemon is gone, so this exits; its children
+run on to their own ends.
 """
 
 from __future__ import annotations
