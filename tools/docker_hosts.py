@@ -48,6 +48,7 @@ class DockerHosts:
         self._placed: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._placing: dict[tuple[str, str], asyncio.Task[str]] = {}
         self._creating: Counter[str] = Counter()
+        self._reserved: dict[tuple[str, str], str] = {}  # placements counted in _creating
         self._down: dict[str, str] = {}
 
     def _engine(self, url: str) -> DockerBackend:
@@ -68,8 +69,12 @@ class DockerHosts:
     # -- placing ----------------------------------------------------------------------------
 
     async def create(self, owner: Owner, spec: ToolSpec) -> Environment:
-        host = await self.place(owner, spec.pool or DEFAULT_POOL)
-        self._creating[host] += 1
+        pool = spec.pool or DEFAULT_POOL
+        host = await self.place(owner, pool)
+        # A placement counts its creation as in flight from the moment it chooses (see
+        # _least_loaded); a creation that placed nothing new counts its own.
+        if self._reserved.pop((owner.program_id, pool), None) != host:
+            self._creating[host] += 1
         try:
             return await self._engines[host].create(owner, spec)
         finally:
@@ -116,7 +121,12 @@ class DockerHosts:
             raise ToolError(Reason.ENGINE_DOWN, f"no Docker engine of pool {pool!r} answers: "
                             + "; ".join(f"{h}: {self._down.get(h, '?')}" for h in hosts),
                             tool=owner.tool)
-        return min(loads)[2]
+        host = min(loads)[2]
+        # Counted now, in the same step as the choice: a placement whose engine answers
+        # come in before this one's creation starts must see it (both saw 0 and 0 else).
+        self._creating[host] += 1
+        self._reserved[(owner.program_id, pool)] = host
+        return host
 
     def _note_down(self, host: str, exc: BaseException) -> None:
         if not isinstance(exc, ToolError):
